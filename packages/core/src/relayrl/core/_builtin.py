@@ -1,0 +1,22 @@
+"""relayrl-core's own plugin: the built-in store backends and the ``[run]``/``[store]`` config sections."""
+
+from __future__ import annotations
+
+from relayrl.core.plugins import Registration, hookimpl
+
+
+@hookimpl
+def relayrl_core_stores():
+    from relayrl.core.store import LocalStore, MemoryStore, S3Store
+
+    yield Registration("file", LocalStore.from_url, "local or shared POSIX directory (temp file, fsync, rename)")
+    yield Registration("memory", MemoryStore.from_url, "fsspec's in-process memory filesystem (one process only)")
+    yield Registration("s3", S3Store.from_url, "S3 and S3-compatible servers via s3fs (conditional put)")
+
+
+@hookimpl
+def relayrl_core_config_sections():
+    from relayrl.core.config import RunSection, StoreSection
+
+    yield Registration("run", RunSection, "run name, seed, determinism")
+    yield Registration("store", StoreSection, "the object store that serves as the bus")

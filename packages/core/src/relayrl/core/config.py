@@ -1,0 +1,220 @@
+"""Config files: TOML decoded into msgspec structs, with errors that name the dotted key.
+
+A run config is a TOML file whose top-level tables are *sections*. Each installed package
+contributes its sections through the ``relayrl_core_config_sections`` hook (core owns ``[run]``
+and ``[store]``), so the same file is validated against every installed package::
+
+    [run]
+    name = "quickstart"
+    seed = 1
+
+    [trainer.optimizer]
+    lr = 1e-4
+
+Mistakes fail before anything starts, naming the key::
+
+    trainer.optimizer.lrr: unknown key; did you mean lr?
+    run.seed: expected int, got str
+
+``--set a.b.c=value`` overrides are applied before validation; the value is parsed as a TOML value
+(``3``, ``1e-4``, ``true``, ``"text"``, ``[1, 2]``), and anything that does not parse is a string.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import msgspec.inspect as mi
+
+from relayrl.core.errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+S = TypeVar("S", bound=msgspec.Struct)
+
+
+class Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """Base class of config sections: keyword-only, immutable, unknown keys rejected."""
+
+
+class RunSection(Section):
+    """``[run]``: identity and reproducibility of a run."""
+
+    name: str = "relayrl-run"
+    """Run name; the default run directory is ``runs/<name>``."""
+    seed: int = 0
+    """Seed for every random generator in every process of the run."""
+    deterministic: bool = False
+    """Bitwise-reproducible training (slower kernels); see ``relayrl.algo.determinism``."""
+
+
+class StoreSection(Section):
+    """``[store]``: the object store that serves as the bus."""
+
+    url: str = ""
+    """fsspec URL of the bus (``s3://bucket/run``); empty means the run directory itself."""
+    options: dict[str, Any] = {}
+    """Backend options passed to the store factory (e.g. ``endpoint_url`` for S3)."""
+
+
+class Config:
+    """A validated run config: one decoded struct per section, plus the raw data it came from.
+
+    ``config.run`` / ``config["run"]`` return the section struct; sections absent from the file
+    hold their defaults.
+    """
+
+    def __init__(self, sections: Mapping[str, msgspec.Struct], source: str, raw: Mapping[str, Any]) -> None:
+        self.sections = dict(sections)
+        self.source = source
+        self.raw = dict(raw)
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return self.sections[name]
+        except KeyError:
+            raise ConfigError(f"{name}: no such config section (known: {', '.join(sorted(self.sections))})") from None
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or name in ("sections", "source", "raw"):
+            raise AttributeError(name)
+        return self[name]
+
+    def to_builtins(self) -> dict[str, Any]:
+        """Every section, defaults included, as plain dicts (for logging and ``run.toml``)."""
+        return {name: msgspec.to_builtins(value) for name, value in sorted(self.sections.items())}
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into ``(["a", "b", "c"], parsed_value)``."""
+    key, sep, value = text.partition("=")
+    key = key.strip()
+    if not sep or not key or any(not part for part in key.split(".")):
+        raise ConfigError(f"--set {text!r}: expected KEY.PATH=VALUE")
+    try:
+        parsed = tomllib.loads(f"v = {value.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        parsed = value.strip()
+    return key.split("."), parsed
+
+
+def apply_overrides(data: dict[str, Any], overrides: Iterable[str]) -> dict[str, Any]:
+    """Apply ``--set`` overrides to a TOML dict in place and return it."""
+    for text in overrides:
+        path, value = parse_override(text)
+        node = data
+        for depth, part in enumerate(path[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {text!r}: {'.'.join(path[:depth + 1])} is a value, not a table")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def convert(data: Any, type_: type[S], *, path: str = "") -> S:
+    """Decode plain data into ``type_``; errors name the dotted path below ``path``."""
+    _check_unknown_keys(data, mi.type_info(type_), path)
+    try:
+        return msgspec.convert(data, type_, strict=True)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_format_validation_error(str(exc), path)) from None
+
+
+def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[str] = (), pm: Any = None) -> Config:
+    """Read and validate a run config from a TOML file (or an already-parsed mapping).
+
+    Every top-level table must be a section some installed package registers; each is decoded
+    into its struct. Raises :class:`ConfigError` whose message starts with the file and dotted key.
+    """
+    from relayrl.core.plugins import registrations
+
+    if isinstance(source, Mapping):
+        origin, data = "<config>", _deep_copy(source)
+    else:
+        origin = str(source)
+        try:
+            with open(source, "rb") as handle:
+                data = tomllib.load(handle)
+        except FileNotFoundError:
+            raise ConfigError(f"{origin}: no such config file") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{origin}: invalid TOML: {exc}") from None
+    apply_overrides(data, overrides)
+    section_types = {name: record.factory for name, record in registrations(pm, "relayrl_core_config_sections").items()}
+    sections: dict[str, msgspec.Struct] = {}
+    for name, value in data.items():
+        if name not in section_types:
+            raise ConfigError(f"{origin}: {name}: unknown key{_suggestion(name, section_types)}")
+        if not isinstance(value, dict):
+            raise ConfigError(f"{origin}: {name}: expected a table, got {_kind(value)}")
+    for name, section_type in section_types.items():
+        try:
+            sections[name] = convert(data.get(name, {}), section_type, path=name)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: {exc}") from None
+    return Config(sections, origin, data)
+
+
+# --------------------------------------------------------------------------------- internals
+def _check_unknown_keys(value: Any, info: mi.Type, path: str) -> None:
+    if isinstance(info, mi.StructType):
+        if not isinstance(value, dict):
+            return  # msgspec reports the type error with the path
+        fields = {field.encode_name: field for field in info.fields}
+        for key, item in value.items():
+            if key not in fields:
+                raise ConfigError(f"{_join(path, key)}: unknown key{_suggestion(key, fields)}")
+            _check_unknown_keys(item, fields[key].type, _join(path, key))
+    elif isinstance(info, mi.DictType) and isinstance(value, dict):
+        for key, item in value.items():
+            _check_unknown_keys(item, info.value_type, _join(path, str(key)))
+    elif isinstance(info, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)) and isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_unknown_keys(item, info.item_type, f"{path}[{index}]")
+    elif isinstance(info, mi.UnionType) and isinstance(value, dict):
+        structs = [member for member in info.types if isinstance(member, mi.StructType)]
+        if len(structs) == 1:
+            _check_unknown_keys(value, structs[0], path)
+
+
+_MSGSPEC_ERROR = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<where>[^`]*)`)?$", re.DOTALL)
+
+
+def _format_validation_error(text: str, prefix: str) -> str:
+    match = _MSGSPEC_ERROR.match(text)
+    message, where = (match.group("message"), match.group("where") or "") if match else (text, "")
+    dotted = where.replace("[...]", ".*").lstrip(".")
+    path = _join(prefix, dotted) if dotted else (prefix or "<root>")
+    message = message.replace("`", "")
+    return f"{path}: {message[:1].lower()}{message[1:]}"
+
+
+def _suggestion(key: str, candidates: Iterable[str]) -> str:
+    close = difflib.get_close_matches(key, list(candidates), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else f" (known: {', '.join(sorted(candidates)) or 'none'})"
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _kind(value: Any) -> str:
+    return {bool: "bool", int: "int", float: "float", str: "str", list: "array"}.get(type(value), type(value).__name__)
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _deep_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(item) for item in value]
+    return value
