@@ -258,8 +258,9 @@ def registrations(pm: pluggy.PluginManager | None, hook_name: str, **kwargs: Any
     if caller is None or caller.spec is None:
         raise PluginError(f"{hook_name}: no such hook (is the package that defines it installed?)")
     result: dict[str, Registration[Any]] = {}
-    # pluggy calls hooks last-registered-first; registries read better in load order.
-    for impl in reversed(caller.get_hookimpls()):
+    # get_hookimpls() is in registration order (pluggy *calls* them in reverse); registries keep
+    # load order, so built-ins come first.
+    for impl in caller.get_hookimpls():
         if impl.hookwrapper or impl.wrapper:
             continue
         try:

@@ -35,14 +35,14 @@ class Wire(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every wire message."""
 
 
-class Versioned(Wire):
+class Versioned(Wire, kw_only=True):
     """Base of messages stored as objects: they carry the schema version that wrote them."""
 
     schema_version: int = SCHEMA_VERSION
 
 
 # ------------------------------------------------------------------------------ generated tokens
-class GeneratedSpan(Wire):
+class GeneratedSpan(Wire, kw_only=True):
     """A run of tokens the policy generated in one model call, with everything replay needs.
 
     Build one with :meth:`build`; read with :meth:`token_ids`, :meth:`token_logprobs`,
@@ -154,7 +154,7 @@ class GeneratedSpan(Wire):
 
 
 # ------------------------------------------------------------------------------ turns
-class ToolCall(Wire):
+class ToolCall(Wire, kw_only=True):
     """One tool call the model made."""
 
     id: str
@@ -162,7 +162,7 @@ class ToolCall(Wire):
     arguments: dict[str, Any] = {}
 
 
-class ToolResult(Wire):
+class ToolResult(Wire, kw_only=True):
     """The outcome of one tool call, returned to the model in call order."""
 
     call_id: str
@@ -177,7 +177,7 @@ class ToolResult(Wire):
 Role = Literal["system", "user", "assistant", "tool"]
 
 
-class Turn(Wire):
+class Turn(Wire, kw_only=True):
     """One message of the conversation, as tokens the model saw and (for assistant) produced."""
 
     role: Role
@@ -193,7 +193,7 @@ class Turn(Wire):
         return unpack_u32(self.tokens)
 
 
-class TrajectorySegment(Wire):
+class TrajectorySegment(Wire, kw_only=True):
     """One context window of a trajectory; self-compaction starts a new segment."""
 
     turns: list[Turn]
@@ -207,7 +207,7 @@ class TrajectorySegment(Wire):
 
 
 # ------------------------------------------------------------------------------ trajectories
-class CheatingFlag(Wire):
+class CheatingFlag(Wire, kw_only=True):
     """An exploit detector's finding; any flag makes the trajectory's reward 0."""
 
     detector: str
@@ -216,7 +216,7 @@ class CheatingFlag(Wire):
     turn: int | None = None
 
 
-class Timings(Wire):
+class Timings(Wire, kw_only=True):
     """Wall-clock accounting of one trajectory (seconds; ``*_at`` are Unix times)."""
 
     started_at: float = 0.0
@@ -226,7 +226,7 @@ class Timings(Wire):
     grading_s: float = 0.0
 
 
-class Trajectory(Versioned):
+class Trajectory(Versioned, kw_only=True):
     """One agent attempt at a task: its context segments, reward, flags and costs."""
 
     trajectory_id: str
@@ -267,7 +267,7 @@ class Trajectory(Versioned):
         return (min(versions), max(versions)) if versions else None
 
 
-class Group(Versioned):
+class Group(Versioned, kw_only=True):
     """All G samples of one prompt: the unit of advantage estimation and of batching."""
 
     group_id: str
@@ -281,7 +281,7 @@ class Group(Versioned):
         return [trajectory.reward for trajectory in self.trajectories]
 
 
-class RolloutSegment(Versioned):
+class RolloutSegment(Versioned, kw_only=True):
     """A batch of scored groups committed to the bus by one producer (``rollouts/`` objects)."""
 
     producer_id: str
@@ -291,7 +291,7 @@ class RolloutSegment(Versioned):
 
 
 # ------------------------------------------------------------------------------ tasks
-class TaskSpec(Versioned):
+class TaskSpec(Versioned, kw_only=True):
     """A task: what the agent is asked, where its workspace comes from, and how it is graded."""
 
     task_id: str
@@ -312,7 +312,7 @@ class TaskSpec(Versioned):
 
 
 # ------------------------------------------------------------------------------ weights
-class TensorEntry(Wire):
+class TensorEntry(Wire, kw_only=True):
     """Where one tensor of a weight version lives and how to rebuild its exact bits."""
 
     name: str
@@ -327,7 +327,7 @@ class TensorEntry(Wire):
     """Checksum of the resulting tensor bits (after applying a delta), hex."""
 
 
-class WeightManifest(Versioned):
+class WeightManifest(Versioned, kw_only=True):
     """One published weight version; written last and atomically, so a visible manifest is complete."""
 
     version: int
@@ -344,7 +344,7 @@ class WeightManifest(Versioned):
 
 
 # ------------------------------------------------------------------------------ events
-class RunEvent(Versioned):
+class RunEvent(Versioned, kw_only=True):
     """Something that happened in a run: started, weights applied, alarm, restart ..."""
 
     time: float
