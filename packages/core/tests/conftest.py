@@ -1,1 +1,2 @@
-pytest_plugins = ["relayrl.core.testing.fixtures"]
+# Shared fixtures (an S3 server on loopback, plugin-manager isolation) from the testing module.
+from relayrl.core.testing.fixtures import isolated_plugins, s3_server, s3_url  # noqa: F401

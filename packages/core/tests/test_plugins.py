@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from relayrl.core.errors import PluginError
-from relayrl.core.plugins import Registration, create_plugin_manager, describe_hookspecs, hookimpl, lookup, registrations
+from relayrl.core.plugins import (
+    Registration,
+    create_plugin_manager,
+    describe_hookspecs,
+    hookimpl,
+    lookup,
+    registrations,
+)
 from relayrl.core.testing.distributions import write_distribution
 
 DICT_STORE_PLUGIN = """

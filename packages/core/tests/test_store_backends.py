@@ -6,12 +6,20 @@ import errno
 import uuid
 
 import fsspec
-from fsspec.implementations.memory import MemoryFileSystem
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem
 
 from relayrl.core.errors import StoreError
-from relayrl.core.store import FsspecStore, LocalStore, MemoryStore, RetryPolicy, S3Store, is_transient, open_store
-from relayrl.core.store import framing
+from relayrl.core.store import (
+    FsspecStore,
+    LocalStore,
+    MemoryStore,
+    RetryPolicy,
+    S3Store,
+    framing,
+    is_transient,
+    open_store,
+)
 from relayrl.core.testing import StoreTests
 
 

@@ -30,7 +30,7 @@ def spans(draw):
     kept = None
     if draw(st.booleans()):
         # Each kept-set contains its token, or is empty (= untruncated).
-        kept = [([t] + draw(st.lists(token, max_size=4))) if draw(st.booleans()) else [] for t in tokens]
+        kept = [([t, *draw(st.lists(token, max_size=4))]) if draw(st.booleans()) else [] for t in tokens]
     return wire.GeneratedSpan.build(tokens, logprobs, versions, kept=kept, engine_id=draw(text),
                                     finish_reason=draw(st.sampled_from(["", "stop", "length"])))
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from relayrl.core.plugins import hookspec
 
 if TYPE_CHECKING:
-    from relayrl.core.plugins import RelayrlPluginManager, Registration
+    from relayrl.core.plugins import Registration, RelayrlPluginManager
 
 
 @hookspec(historic=True)

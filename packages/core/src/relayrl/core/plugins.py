@@ -154,9 +154,8 @@ class RelayrlPluginManager(pluggy.PluginManager):
                 version=dist.version if dist is not None else None,
                 builtin=entry_point.value.startswith(BUILTIN_MODULE_PREFIX),
             )
-            if not info.builtin:
-                if info.name in deny or (allow is not None and info.name not in allow):
-                    continue
+            if not info.builtin and (info.name in deny or (allow is not None and info.name not in allow)):
+                continue
             if info.name in self.plugin_infos and self.plugin_infos[info.name].module == info.module:
                 continue  # the same distribution found twice on sys.path
             try:

@@ -1,0 +1,145 @@
+"""Test sessions for the relayrl monorepo. CI runs every session tagged ``ci``: ``nox -t ci``.
+
+Sessions install only what they test. Local packages depend on each other by distribution name
+(``relayrl-core``); :func:`local_closure` reads each pyproject to install the local folders
+instead of looking for them on an index. Every install passes ``-c constraints.txt`` (torch pinned
+to the CPU build on this machine kind).
+
+    nox -l                       # list sessions
+    nox -s "tests(package='core')"
+    nox -s template              # render plugins/_template, install it, run its tests
+    nox -t ci                    # everything CI runs
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import nox
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parent
+CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
+RUFF = "ruff==0.17.6"
+
+nox.options.default_venv_backend = "venv"
+nox.options.error_on_missing_interpreters = True
+nox.options.reuse_venv = "no"
+
+
+def _project(folder: Path) -> dict:
+    with open(folder / "pyproject.toml", "rb") as handle:
+        return tomllib.load(handle)["project"]
+
+
+def _folders() -> dict[str, Path]:
+    """Distribution name -> folder, for every package and plugin in the repository."""
+    folders = {}
+    for folder in sorted([*ROOT.glob("packages/*"), *ROOT.glob("plugins/*")]):
+        if (folder / "pyproject.toml").exists() and folder.name != "_template":
+            folders[_project(folder)["name"]] = folder
+    return folders
+
+
+def _requirement_name(requirement: str) -> str:
+    name = requirement.split(";")[0]
+    for separator in "[<>=!~ ":
+        name = name.split(separator)[0]
+    return name.strip().lower()
+
+
+def local_closure(folder: Path, extras: tuple[str, ...] = ()) -> list[Path]:
+    """The local folders ``folder`` needs (its own included), dependencies first."""
+    folders = _folders()
+    order: list[Path] = []
+
+    def visit(current: Path, current_extras: tuple[str, ...]) -> None:
+        project = _project(current)
+        requirements = list(project.get("dependencies", []))
+        for extra in current_extras:
+            requirements += project.get("optional-dependencies", {}).get(extra, [])
+        for requirement in requirements:
+            dependency = folders.get(_requirement_name(requirement))
+            if dependency is not None and dependency not in order and dependency != current:
+                visit(dependency, ())
+        if current not in order:
+            order.append(current)
+
+    visit(folder, extras)
+    return order
+
+
+def install_local(session: nox.Session, folder: Path, *extra_requirements: str) -> None:
+    """Install ``folder`` with its ``testing`` extra, its local dependencies, and more requirements."""
+    closure = local_closure(folder, ("testing",))
+    targets = [str(path) for path in closure[:-1]]
+    has_testing = "testing" in _project(folder).get("optional-dependencies", {})
+    targets.append(f"{folder}[testing]" if has_testing else str(folder))
+    session.install(*CONSTRAINTS, *targets, "pytest", *extra_requirements)
+
+
+def _packages() -> list[str]:
+    return sorted(path.name for path in ROOT.glob("packages/*") if (path / "tests").is_dir())
+
+
+def _plugins() -> list[str]:
+    return sorted(path.name for path in ROOT.glob("plugins/*")
+                  if path.name != "_template" and (path / "tests").is_dir())
+
+
+@nox.session(tags=["ci"])
+def lint(session: nox.Session) -> None:
+    """ruff over the whole repository."""
+    session.install(RUFF)
+    session.run("ruff", "check", ".")
+
+
+@nox.session(tags=["ci"])
+@nox.parametrize("package", _packages())
+def tests(session: nox.Session, package: str) -> None:
+    """One package's own tests, with only that package and its dependencies installed."""
+    folder = ROOT / "packages" / package
+    install_local(session, folder)
+    session.run("pytest", str(folder / "tests"), *session.posargs)
+
+
+if _plugins():
+    @nox.session(tags=["ci"])
+    @nox.parametrize("plugin", _plugins())
+    def plugins(session: nox.Session, plugin: str) -> None:
+        """One plugin's tests (its conformance suites), with the plugin installed as a user would."""
+        folder = ROOT / "plugins" / plugin
+        install_local(session, folder)
+        session.run("pytest", str(folder / "tests"), *session.posargs)
+
+
+@nox.session(tags=["ci"])
+def template(session: nox.Session) -> None:
+    """Render plugins/_template into a temporary folder, install it, run its tests: it cannot rot."""
+    with tempfile.TemporaryDirectory(prefix="relayrl-template-") as temp:
+        rendered = Path(temp) / "relayrl-rendered"
+        session.run("python", str(ROOT / "plugins/_template/render.py"), "rendered", str(rendered))
+        session.install(*CONSTRAINTS, f"{ROOT / 'packages/core'}[testing]", str(ROOT / "packages/cli"),
+                        str(rendered), "pytest")
+        session.run("pytest", str(rendered / "tests"), *session.posargs)
+        listing = session.run("relayrl", "plugins", silent=True)
+        if "relayrl-rendered" not in (listing or ""):
+            session.error(f"`relayrl plugins` does not list the rendered plugin:\n{listing}")
+
+
+@nox.session(tags=["ci"])
+def integration(session: nox.Session) -> None:
+    """Cross-package checks: layout rules, docs coverage of hookspecs, fresh installs, benchmark smoke runs."""
+    folders = _folders()
+    targets = []
+    for folder in folders.values():
+        has_testing = "testing" in _project(folder).get("optional-dependencies", {})
+        targets.append(f"{folder}[testing]" if has_testing else str(folder))
+    session.install(*CONSTRAINTS, *targets, "pytest")
+    session.run("pytest", str(ROOT / "integration"), *session.posargs)

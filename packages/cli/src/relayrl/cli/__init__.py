@@ -1,0 +1,1 @@
+"""The ``relayrl`` command line."""

@@ -1,0 +1,5 @@
+import sys
+
+from relayrl.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,105 @@
+"""The relayrl command, run as a real subprocess against real (made-up) plugin distributions."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from relayrl.core.testing.distributions import write_distribution
+
+
+def relayrl(*args, pythonpath=None, env=None):
+    environ = dict(os.environ, **(env or {}))
+    if pythonpath:
+        environ["PYTHONPATH"] = os.pathsep.join([str(pythonpath), environ.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-m", "relayrl.cli", *args], capture_output=True, text=True,
+                          env=environ, timeout=120)
+
+
+def test_plugins_lists_the_builtins():
+    result = relayrl("plugins")
+    assert result.returncode == 0, result.stderr
+    header, *rows = result.stdout.splitlines()
+    assert header.split() == ["PLUGIN", "DISTRIBUTION", "VERSION", "KIND", "HOOKS"]
+    core = next(row for row in rows if row.startswith("relayrl-core "))
+    assert "built-in" in core and "relayrl_core_stores" in core
+
+
+def test_plugins_json_includes_registrations():
+    result = relayrl("plugins", "--json")
+    data = json.loads(result.stdout)
+    stores = {entry["name"]: entry["plugin"] for entry in data["registrations"]["relayrl_core_stores"]}
+    assert stores["file"] == "relayrl-core"
+
+
+def test_third_party_plugin_is_listed(tmp_path):
+    write_distribution(tmp_path, distribution="relayrl-dictstore", module="relayrl_dictstore", version="2.3.4", source="""
+        from relayrl.core.plugins import Registration, hookimpl
+        from relayrl.core.store import MemoryStore
+
+        @hookimpl
+        def relayrl_core_stores():
+            yield Registration("dict", MemoryStore.from_url, "a dict store")
+    """)
+    result = relayrl("plugins", "-r", pythonpath=tmp_path)
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("relayrl-dictstore "))
+    assert row.split()[:4] == ["relayrl-dictstore", "relayrl-dictstore", "2.3.4", "plugin"]
+    assert any(line.split()[:2] == ["dict", "relayrl-dictstore"] for line in result.stdout.splitlines())
+
+
+BROKEN = {
+    "import": ("import does_not_exist_anywhere\n", "plugin 'relayrl-bad' from relayrl-bad 0.1.0 (relayrl_bad): "
+               "import failed: ModuleNotFoundError"),
+    "duplicate": ("""
+        from relayrl.core.plugins import Registration, hookimpl
+
+        @hookimpl
+        def relayrl_core_stores():
+            yield Registration("s3", lambda url: None)
+    """, "relayrl_core_stores: name 's3' is registered by both plugin 'relayrl-core' and plugin 'relayrl-bad'"),
+    "unknown-hook": ("""
+        from relayrl.core.plugins import hookimpl
+
+        @hookimpl
+        def relayrl_core_nonsense():
+            pass
+    """, "plugin 'relayrl-bad': implements unknown hook 'relayrl_core_nonsense'"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BROKEN))
+def test_broken_plugin_gives_one_line_error_naming_it(tmp_path, kind):
+    source, expected = BROKEN[kind]
+    write_distribution(tmp_path, distribution="relayrl-bad", module="relayrl_bad", source=source)
+    result = relayrl("plugins", pythonpath=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("relayrl: error: ")
+    assert expected in lines[0]
+    # The escape hatch: disabling the broken plugin by name makes the command work again.
+    assert relayrl("plugins", pythonpath=tmp_path, env={"RELAYRL_DISABLE_PLUGINS": "relayrl-bad"}).returncode == 0
+
+
+def test_config_check_accepts_a_valid_file(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[run]\nname = "x"\nseed = 3\n')
+    result = relayrl("config", "check", str(path))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"ok: {path}")
+    shown = json.loads(relayrl("config", "check", str(path), "--set", "run.seed=4", "--show").stdout)
+    assert shown["run"] == {"name": "x", "seed": 4, "deterministic": False}
+
+
+def test_config_check_names_the_bad_key(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[run]\nsed = 3\n")
+    result = relayrl("config", "check", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"relayrl: error: {path}: run.sed: unknown key; did you mean seed?"
