@@ -136,9 +136,11 @@ def template(session: nox.Session) -> None:
 @nox.session(tags=["ci"])
 def integration(session: nox.Session) -> None:
     """Cross-package checks: layout rules, docs coverage of hookspecs, fresh installs, benchmark smoke runs."""
-    folders = _folders()
+    ordered: list[Path] = []  # dependencies before dependents: pip resolves local paths in order
+    for folder in _folders().values():
+        ordered += [path for path in local_closure(folder, ("testing",)) if path not in ordered]
     targets = []
-    for folder in folders.values():
+    for folder in ordered:
         has_testing = "testing" in _project(folder).get("optional-dependencies", {})
         targets.append(f"{folder}[testing]" if has_testing else str(folder))
     session.install(*CONSTRAINTS, *targets, "pytest")
