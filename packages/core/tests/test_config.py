@@ -124,3 +124,14 @@ def test_mapping_source_is_not_mutated(pm):
     raw = {"trainer": {"steps": 3}}
     config = load_config(raw, pm=pm, overrides=["trainer.steps=4"])
     assert config.trainer.steps == 4 and raw == {"trainer": {"steps": 3}}
+
+
+def test_typed_section_registry_and_attribute_errors(pm):
+    from relayrl.core.config import config_sections
+
+    sections = config_sections(pm)
+    assert sections["trainer"].factory is Trainer and sections["run"].plugin == "relayrl-core"
+    config = load_config({}, pm=pm)
+    assert not hasattr(config, "nonexistent")
+    with pytest.raises(ConfigError, match=r"nonexistent: no such config section \(known: run, store, trainer\)"):
+        config["nonexistent"]

@@ -56,7 +56,7 @@ class TestMemoryStore(StoreTests):
 
 
 class TestS3Store(StoreTests):
-    kill_iterations = 8
+    kill_iterations = 12
 
     @pytest.fixture
     def store(self, s3_url):
@@ -154,3 +154,11 @@ def test_trailer_layout_is_stable():
     assert crc == 0x3610A686  # zlib.crc32(b"hello"), computed by hand once
     assert framing.parse_trailer(trailer, 5 + 24) == (5, crc)
     assert framing.parse_trailer(trailer, 6 + 24) is None  # length disagrees: torn object
+
+
+def test_typed_store_registry():
+    from relayrl.core.store import store_backends
+
+    backends = store_backends()
+    assert backends["file"].factory == LocalStore.from_url
+    assert all(record.plugin for record in backends.values())

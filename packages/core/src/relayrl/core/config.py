@@ -87,7 +87,10 @@ class Config:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_") or name in ("sections", "source", "raw"):
             raise AttributeError(name)
-        return self[name]
+        try:
+            return self[name]
+        except ConfigError as exc:  # keep hasattr() and friends working
+            raise AttributeError(str(exc)) from None
 
     def to_builtins(self) -> dict[str, Any]:
         """Every section, defaults included, as plain dicts (for logging and ``run.toml``)."""
@@ -130,14 +133,19 @@ def convert(data: Any, type_: type[S], *, path: str = "") -> S:
         raise ConfigError(_format_validation_error(str(exc), path)) from None
 
 
+def config_sections(pm: Any = None) -> dict[str, Any]:
+    """The ``relayrl_core_config_sections`` registry: section name -> Registration of its struct type."""
+    from relayrl.core.plugins import registrations
+
+    return registrations(pm, "relayrl_core_config_sections")
+
+
 def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[str] = (), pm: Any = None) -> Config:
     """Read and validate a run config from a TOML file (or an already-parsed mapping).
 
     Every top-level table must be a section some installed package registers; each is decoded
     into its struct. Raises :class:`ConfigError` whose message starts with the file and dotted key.
     """
-    from relayrl.core.plugins import registrations
-
     if isinstance(source, Mapping):
         origin, data = "<config>", _deep_copy(source)
     else:
@@ -150,7 +158,7 @@ def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[s
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{origin}: invalid TOML: {exc}") from None
     apply_overrides(data, overrides)
-    section_types = {name: record.factory for name, record in registrations(pm, "relayrl_core_config_sections").items()}
+    section_types = {name: record.factory for name, record in config_sections(pm).items()}
     sections: dict[str, msgspec.Struct] = {}
     for name, value in data.items():
         if name not in section_types:

@@ -133,7 +133,7 @@ class Store(abc.ABC):
 
     def get_buffer(self, key: str) -> memoryview:
         """The verified payload of ``key`` as a zero-copy view; ObjectNotFound if absent."""
-        blob = self._reading(key, lambda path: self._read(path))
+        blob = self._calling(key, lambda path: self._read(path))
         result = framing.unframe(blob)
         if isinstance(result, str):
             raise ChecksumMismatch(f"object {self._describe(key)}: {result}")
@@ -150,17 +150,20 @@ class Store(abc.ABC):
         """
         if start < 0 or length < 0:
             raise StoreError(f"object {self._describe(key)}: invalid range start={start} length={length}")
-        info = self.stat(key)
-        if start + length > info.size:
-            raise StoreError(f"object {self._describe(key)}: range [{start}, {start + length}) past its end ({info.size} bytes)")
+        # One size request keeps ranges inside the payload (never into the trailer), without
+        # reading the trailer itself.
+        payload_size = self._calling(key, self._size) - framing.TRAILER_SIZE
+        if start + length > payload_size:
+            raise StoreError(f"object {self._describe(key)}: range [{start}, {start + length}) past its end "
+                             f"({max(payload_size, 0)} bytes)")
         if length == 0:
             return b""
-        return self._reading(key, lambda path: self._read(path, start, start + length))
+        return self._calling(key, lambda path: self._read(path, start, start + length))
 
     def stat(self, key: str) -> ObjectInfo:
         """Size and checksum of ``key`` from its trailer; ObjectNotFound if absent."""
-        total = self._reading(key, self._size)
-        trailer = self._reading(key, lambda path: self._read(path, max(0, total - framing.TRAILER_SIZE), total))
+        total = self._calling(key, self._size)
+        trailer = self._calling(key, lambda path: self._read(path, max(0, total - framing.TRAILER_SIZE), total))
         parsed = framing.parse_trailer(trailer, total)
         if parsed is None:
             raise ChecksumMismatch(f"object {self._describe(key)}: no valid trailer (truncated, or not written by relayrl)")
@@ -195,7 +198,7 @@ class Store(abc.ABC):
     def delete(self, key: str, *, missing_ok: bool = True) -> None:
         """Remove ``key``. A missing object is fine unless ``missing_ok=False``."""
         try:
-            self._reading(key, self._delete)
+            self._calling(key, self._delete, action="deleting")
         except ObjectNotFound:
             if not missing_ok:
                 raise
@@ -210,7 +213,8 @@ class Store(abc.ABC):
     def _retrying(self, operation: Callable[[], T]) -> T:
         return self.retry.call(operation)
 
-    def _reading(self, key: str, operation: Callable[[str], T]) -> T:
+    def _calling(self, key: str, operation: Callable[[str], T], *, action: str = "reading") -> T:
+        """Run ``operation(path)`` with retries; map errors to StoreErrors naming the object."""
         path = self._path(key)
         try:
             return self._retrying(lambda: operation(path))
@@ -219,7 +223,7 @@ class Store(abc.ABC):
         except StoreError:
             raise
         except Exception as exc:
-            raise StoreError(f"reading object {self._describe(key)} failed: {_one_line(exc)}") from exc
+            raise StoreError(f"{action} object {self._describe(key)} failed: {_one_line(exc)}") from exc
 
 
 def _one_line(exc: BaseException) -> str:
