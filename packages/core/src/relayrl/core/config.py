@@ -43,7 +43,15 @@ S = TypeVar("S", bound=msgspec.Struct)
 
 
 class Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
-    """Base class of config sections: keyword-only, immutable, unknown keys rejected."""
+    """Base class of config sections: keyword-only, immutable, unknown keys rejected.
+
+    A section whose values name plugins (``loss = "ppo-clip"``) overrides :meth:`check` to resolve
+    those names against the plugin registries and validate their options, so that a bad name fails
+    at ``relayrl config check`` rather than minutes into a run.
+    """
+
+    def check(self, pm: Any, path: str) -> None:
+        """Validate what plain decoding cannot (plugin names, cross-field rules); raise ConfigError."""
 
 
 class RunSection(Section):
@@ -130,7 +138,11 @@ def convert(data: Any, type_: type[S], *, path: str = "") -> S:
     try:
         return msgspec.convert(data, type_, strict=True)
     except msgspec.ValidationError as exc:
-        raise ConfigError(_format_validation_error(str(exc), path)) from None
+        message = _format_validation_error(str(exc), path)
+        allowed = _literal_values_at(mi.type_info(type_), str(exc))
+        if allowed:
+            message += f" (expected one of: {', '.join(map(str, allowed))})"
+        raise ConfigError(message) from None
 
 
 def config_sections(pm: Any = None) -> dict[str, Any]:
@@ -168,6 +180,8 @@ def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[s
     for name, section_type in section_types.items():
         try:
             sections[name] = convert(data.get(name, {}), section_type, path=name)
+            if isinstance(sections[name], Section):
+                sections[name].check(pm, name)
         except ConfigError as exc:
             raise ConfigError(f"{origin}: {exc}") from None
     return Config(sections, origin, data)
@@ -205,6 +219,30 @@ def _format_validation_error(text: str, prefix: str) -> str:
     path = _join(prefix, dotted) if dotted else (prefix or "<root>")
     message = message.replace("`", "")
     return f"{path}: {message[:1].lower()}{message[1:]}"
+
+
+def _literal_values_at(info: mi.Type, error: str) -> tuple[object, ...]:
+    """The allowed values of the Literal field an "Invalid enum value" error points at, if any."""
+    match = _MSGSPEC_ERROR.match(error)
+    if not match or not match.group("where") or "enum value" not in error:
+        return ()
+    for part in re.findall(r"\.([^.\[]+)|\[(\d+|\.\.\.)\]", match.group("where")):
+        key = part[0]
+        if isinstance(info, mi.UnionType):
+            structs = [member for member in info.types if isinstance(member, mi.StructType)]
+            info = structs[0] if len(structs) == 1 else info
+        if key and isinstance(info, mi.StructType):
+            fields = {field.encode_name: field.type for field in info.fields}
+            if key not in fields:
+                return ()
+            info = fields[key]
+        elif not key and isinstance(info, (mi.ListType, mi.VarTupleType, mi.SetType, mi.FrozenSetType)):
+            info = info.item_type
+        elif isinstance(info, mi.DictType):
+            info = info.value_type
+        else:
+            return ()
+    return tuple(info.values) if isinstance(info, mi.LiteralType) else ()
 
 
 def _suggestion(key: str, candidates: Iterable[str]) -> str:

@@ -1,0 +1,84 @@
+"""relayrl-algo's own plugin: its hookspecs, its built-in registrations and the ``[algo]`` section."""
+
+from __future__ import annotations
+
+from relayrl.core.plugins import Registration, hookimpl
+
+
+@hookimpl
+def relayrl_addhooks(pluginmanager):
+    from relayrl.algo import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+@hookimpl
+def relayrl_core_config_sections():
+    from relayrl.algo.config import AlgoSection
+
+    yield Registration("algo", AlgoSection, "advantages, loss, IS correction, sampling, optimiser, shapers, monitors")
+
+
+@hookimpl
+def relayrl_algo_losses():
+    from relayrl.algo.losses import CISPO, GSPO, PPOClip
+
+    yield Registration("ppo-clip", PPOClip, "token-level PPO-clip with separate low/high clip ranges")
+    yield Registration("gspo", GSPO, "sequence-level (length-normalised) ratio, clipped per sequence")
+    yield Registration("cispo", CISPO, "clipped, stop-gradient IS weight times logprob; no token loses its gradient")
+
+
+@hookimpl
+def relayrl_algo_advantage_estimators():
+    from relayrl.algo.advantages import GRPO, RLOO, DrGRPO
+
+    yield Registration("grpo", GRPO, "group mean-centred rewards, optionally std-scaled")
+    yield Registration("drgrpo", DrGRPO, "group mean-centred rewards, no std scaling (Dr.GRPO)")
+    yield Registration("rloo", RLOO, "leave-one-out baseline")
+
+
+@hookimpl
+def relayrl_algo_mismatch_corrections():
+    from relayrl.algo.correction import GeometricMask, NoCorrection, SequenceMask, TokenMask, TruncatedIS
+
+    yield Registration("none", NoCorrection, "no correction (metrics only)")
+    yield Registration("truncated", TruncatedIS, "truncated importance sampling: w = min(rho, cap)")
+    yield Registration("token-mask", TokenMask, "mask tokens whose ratio leaves [lower, upper]")
+    yield Registration("sequence-mask", SequenceMask, "mask sequences whose product ratio leaves [lower, upper]")
+    yield Registration("geometric-mask", GeometricMask, "mask sequences whose geometric-mean ratio leaves [lower, upper]")
+
+
+@hookimpl
+def relayrl_algo_reward_shapers():
+    from relayrl.algo.length_penalty import AlternatingLengthPenalty
+
+    yield Registration("length-penalty", AlternatingLengthPenalty,
+                       "alternating length penalty over tokens, turns and tool time")
+
+
+def _series(name: str, metric: str, direction: str):
+    def factory(config):
+        from relayrl.algo.monitors import SeriesMonitor
+
+        return SeriesMonitor(name, metric, direction, config.alarm)
+
+    return factory
+
+
+@hookimpl
+def relayrl_algo_monitors():
+    yield Registration("entropy", _series("entropy", "entropy/token_mean", "down"), "alarm on an entropy drop")
+    yield Registration("mismatch-kl", _series("mismatch-kl", "mismatch/kl_k3", "up"), "alarm on a mismatch-KL rise")
+    yield Registration("clip-fraction", _series("clip-fraction", "loss/clip_fraction", "up"), "alarm on a clip-fraction jump")
+    yield Registration("response-length", _series("response-length", "response/tokens_mean", "both"),
+                       "alarm on a sudden response-length change")
+    yield Registration("turns", _series("turns", "response/turns_mean", "both"), "alarm on a sudden change of turns")
+    yield Registration("tool-calls", _series("tool-calls", "response/tool_calls_per_turn", "both"),
+                       "alarm on a sudden change of tool calls per turn")
+
+    def phrases(config):
+        from relayrl.algo.monitors import PhraseMonitor
+
+        return PhraseMonitor("phrases", config.phrases, config.alarm)
+
+    yield Registration("phrases", phrases, "ratios of regex phrase matches (default: the 'not okay' pattern)")

@@ -1,0 +1,170 @@
+"""The ``[algo]`` config section and the builders that turn its names into objects.
+
+Every name (``loss = "ppo-clip"``) is resolved against the plugin registries, and its options
+table is decoded into the plugin's own ``Config`` struct, when ``relayrl config check`` runs, so a
+typo in a loss option fails before a run starts::
+
+    [algo]
+    advantage = "grpo"
+    loss = "ppo-clip"
+    correction = "truncated"
+
+    [algo.loss_options]
+    clip_high = 0.28
+
+    [algo.sampling]
+    top_p = 0.95
+
+    [algo.reward_shapers.length-penalty]
+    budget = 4096
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from relayrl.algo.monitors import DEFAULT_PHRASES, AlarmConfig, MonitorSet
+from relayrl.algo.optim import OptimizerConfig
+from relayrl.core.config import ConfigError, Section, convert
+from relayrl.core.errors import PluginError
+from relayrl.core.plugins import Registration, lookup, registrations
+
+__all__ = ["AlgoSection", "MonitorsConfig", "SamplingConfig", "advantage_estimators", "build", "build_monitors",
+           "build_reward_shapers", "losses", "mismatch_corrections", "monitors", "reward_shapers"]
+
+
+class SamplingConfig(Section, kw_only=True):
+    """``[algo.sampling]``: how rollouts sample (recorded kept-sets make the trainer replay it)."""
+
+    temperature: float = 1.0
+    top_p: float = 0.95
+    """Top-p threshold; 1.0 disables top-p."""
+    top_k: int = 0
+    """Top-k; 0 disables it."""
+    max_kept: int | None = 1024
+    """Cap on a kept-set's size (None: no cap); see docs/algorithms.md for the bias bound."""
+
+    def check(self, pm: Any, path: str) -> None:
+        if not self.temperature > 0:
+            raise ConfigError(f"{path}.temperature: must be > 0 for RL rollouts (greedy sampling has no gradient)")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"{path}.top_p: must be in (0, 1]")
+        if self.top_k < 0:
+            raise ConfigError(f"{path}.top_k: must be >= 0")
+        if self.max_kept is not None and self.max_kept < 1:
+            raise ConfigError(f"{path}.max_kept: must be >= 1")
+
+
+class MonitorsConfig(Section, kw_only=True):
+    """``[algo.monitors]``."""
+
+    enabled: list[str] = msgspec.field(default_factory=lambda: [
+        "entropy", "mismatch-kl", "clip-fraction", "response-length", "turns", "tool-calls", "phrases"])
+    alarm: AlarmConfig = AlarmConfig()
+    phrases: dict[str, str] = msgspec.field(default_factory=lambda: dict(DEFAULT_PHRASES))
+    """Name -> regular expression (case-insensitive) over decoded model text; ratio per step."""
+
+
+class AlgoSection(Section, kw_only=True):
+    """``[algo]``: which estimator, loss, correction, shapers and monitors a run uses."""
+
+    advantage: str = "grpo"
+    advantage_options: dict[str, Any] = {}
+    loss: str = "ppo-clip"
+    loss_options: dict[str, Any] = {}
+    correction: str = "truncated"
+    correction_options: dict[str, Any] = {}
+    reward_shapers: dict[str, dict[str, Any]] = {}
+    """Shaper name -> options, applied in file order."""
+    sampling: SamplingConfig = SamplingConfig()
+    optimizer: OptimizerConfig = OptimizerConfig()
+    monitors: MonitorsConfig = MonitorsConfig()
+
+    def check(self, pm: Any, path: str) -> None:
+        self.sampling.check(pm, f"{path}.sampling")
+        build("relayrl_algo_advantage_estimators", "advantage estimator", self.advantage, self.advantage_options,
+              pm=pm, path=f"{path}.advantage")
+        build("relayrl_algo_losses", "loss", self.loss, self.loss_options, pm=pm, path=f"{path}.loss")
+        build("relayrl_algo_mismatch_corrections", "mismatch correction", self.correction, self.correction_options,
+              pm=pm, path=f"{path}.correction")
+        build_reward_shapers(self, pm=pm, path=path)
+        build_monitors(self, pm=pm, path=path)
+
+
+# ------------------------------------------------------------------------------ registries
+def losses(pm: Any = None) -> dict[str, Registration[Any]]:
+    """The ``relayrl_algo_losses`` registry."""
+    return registrations(pm, "relayrl_algo_losses")
+
+
+def advantage_estimators(pm: Any = None) -> dict[str, Registration[Any]]:
+    """The ``relayrl_algo_advantage_estimators`` registry."""
+    return registrations(pm, "relayrl_algo_advantage_estimators")
+
+
+def mismatch_corrections(pm: Any = None) -> dict[str, Registration[Any]]:
+    """The ``relayrl_algo_mismatch_corrections`` registry."""
+    return registrations(pm, "relayrl_algo_mismatch_corrections")
+
+
+def reward_shapers(pm: Any = None) -> dict[str, Registration[Any]]:
+    """The ``relayrl_algo_reward_shapers`` registry."""
+    return registrations(pm, "relayrl_algo_reward_shapers")
+
+
+def monitors(pm: Any = None) -> dict[str, Registration[Any]]:
+    """The ``relayrl_algo_monitors`` registry."""
+    return registrations(pm, "relayrl_algo_monitors")
+
+
+def build(hook_name: str, kind: str, name: str, options: dict[str, Any] | None = None, *, pm: Any = None,
+          path: str = "") -> Any:
+    """Look ``name`` up in a registry, decode ``options`` into its ``Config``, and build it.
+
+    Errors are :class:`ConfigError`s naming ``path`` (``algo.loss``) or the option's dotted key
+    (``algo.loss_options.clip_hihg``).
+    """
+    try:
+        record = lookup(pm, hook_name, name, kind=kind)
+    except PluginError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    config_type = getattr(record.factory, "Config", None)
+    options_path = f"{path}_options" if path else "options"
+    if config_type is None:
+        if options:
+            raise ConfigError(f"{options_path}: {kind} {name!r} takes no options")
+        return record.factory()
+    config = convert(dict(options or {}), config_type, path=options_path)
+    if isinstance(config, Section):
+        config.check(pm, options_path)
+    return record.factory(config)
+
+
+def build_reward_shapers(section: AlgoSection, *, pm: Any = None, path: str = "algo") -> list[Any]:
+    """The configured reward shapers, in file order."""
+    shapers = []
+    for name, options in section.reward_shapers.items():
+        try:
+            record = lookup(pm, "relayrl_algo_reward_shapers", name, kind="reward shaper")
+        except PluginError as exc:
+            raise ConfigError(f"{path}.reward_shapers.{name}: {exc}") from None
+        config_type = getattr(record.factory, "Config", None)
+        config = convert(dict(options), config_type, path=f"{path}.reward_shapers.{name}") if config_type else None
+        if isinstance(config, Section):
+            config.check(pm, f"{path}.reward_shapers.{name}")
+        shapers.append(record.factory(config) if config_type else record.factory())
+    return shapers
+
+
+def build_monitors(section: AlgoSection, *, pm: Any = None, path: str = "algo") -> MonitorSet:
+    """The enabled monitors as one :class:`MonitorSet`."""
+    built = []
+    for name in section.monitors.enabled:
+        try:
+            record = lookup(pm, "relayrl_algo_monitors", name, kind="monitor")
+        except PluginError as exc:
+            raise ConfigError(f"{path}.monitors.enabled: {exc}") from None
+        built.append(record.factory(section.monitors))
+    return MonitorSet(built)
