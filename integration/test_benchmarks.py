@@ -14,3 +14,10 @@ def test_wire_benchmark_quick_mode_runs_and_checks_round_trips():
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "relayrl msgpack+zstd" in result.stdout and "pickle" in result.stdout and "json" in result.stdout
+
+
+def test_replay_benchmark_quick_mode_runs_and_agrees_with_the_dense_reference():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/replay.py"), "--quick"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "dense mask (baseline)" in result.stdout and "gradients agree" in result.stdout

@@ -43,3 +43,10 @@ def test_options_reach_the_built_objects():
     assert isinstance(loss, PPOClip) and loss.config.clip_high == 0.3
     (shaper,) = build_reward_shapers(config.algo)
     assert isinstance(shaper, AlternatingLengthPenalty) and shaper.config.budget == 64.0
+
+
+def test_sampling_section_maps_to_sampler_arguments():
+    from relayrl.algo.config import SamplingConfig
+
+    assert SamplingConfig().sampler_kwargs() == {"temperature": 1.0, "top_p": 0.95, "top_k": 0, "max_kept": 1024}
+    assert SamplingConfig(max_kept=0).sampler_kwargs()["max_kept"] is None

@@ -43,8 +43,8 @@ class SamplingConfig(Section, kw_only=True):
     """Top-p threshold; 1.0 disables top-p."""
     top_k: int = 0
     """Top-k; 0 disables it."""
-    max_kept: int | None = 1024
-    """Cap on a kept-set's size (None: no cap); see docs/algorithms.md for the bias bound."""
+    max_kept: int = 1024
+    """Cap on a kept-set's size (0: no cap); see docs/algorithms.md for the bias bound."""
 
     def check(self, pm: Any, path: str) -> None:
         if not self.temperature > 0:
@@ -53,8 +53,13 @@ class SamplingConfig(Section, kw_only=True):
             raise ConfigError(f"{path}.top_p: must be in (0, 1]")
         if self.top_k < 0:
             raise ConfigError(f"{path}.top_k: must be >= 0")
-        if self.max_kept is not None and self.max_kept < 1:
-            raise ConfigError(f"{path}.max_kept: must be >= 1")
+        if self.max_kept < 0:
+            raise ConfigError(f"{path}.max_kept: must be >= 0 (0: no cap)")
+
+    def sampler_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for :func:`relayrl.algo.sample_tokens`."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
+                "max_kept": self.max_kept or None}
 
 
 class MonitorsConfig(Section, kw_only=True):
