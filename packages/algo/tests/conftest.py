@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+from relayrl.core.plugins import reset_plugin_manager
+
 
 @pytest.fixture(autouse=True)
 def _restore_torch_process_state():
@@ -9,3 +11,12 @@ def _restore_torch_process_state():
     yield
     torch.use_deterministic_algorithms(False)
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _builtin_plugins_only(monkeypatch):
+    """Registries hold exactly the built-ins here, whatever third-party plugins are installed."""
+    monkeypatch.setenv("RELAYRL_LOAD_PLUGINS", "")
+    reset_plugin_manager()
+    yield
+    reset_plugin_manager()
