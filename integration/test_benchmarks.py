@@ -21,3 +21,10 @@ def test_replay_benchmark_quick_mode_runs_and_agrees_with_the_dense_reference():
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "dense mask (baseline)" in result.stdout and "gradients agree" in result.stdout
+
+
+def test_engine_benchmark_quick_mode_runs():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/engine.py"), "--quick"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "relayrl / generate" in result.stdout
