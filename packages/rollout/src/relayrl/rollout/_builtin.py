@@ -36,3 +36,11 @@ def relayrl_rollout_engines():
 def relayrl_rollout_routers():
     yield Registration("round-robin", _router("round-robin"), "each request to the next healthy engine")
     yield Registration("least-loaded", _router("least-loaded"), "each request to the healthy engine with fewest in flight")
+
+
+@hookimpl
+def relayrl_rollout_harnesses():
+    from relayrl.rollout.agent import CodingAgent, SingleTurn
+
+    yield Registration("coding-agent", CodingAgent, "multi-turn tool use, parallel calls, self-compaction")
+    yield Registration("single-turn", SingleTurn, "one answer, no tools")

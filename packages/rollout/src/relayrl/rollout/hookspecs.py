@@ -28,3 +28,15 @@ def relayrl_rollout_routers() -> Iterable[Registration[Any]]:
     and raises ``EngineDied`` for failures after it (the token-recording proxy resumes those). It
     must pass ``relayrl.rollout.testing.RouterTests``. Built in: ``round-robin``, ``least-loaded``.
     """
+
+
+@hookspec
+def relayrl_rollout_harnesses() -> Iterable[Registration[Any]]:
+    """Agent harnesses: how one task becomes one trajectory.
+
+    ``factory(config)`` (a class with a ``Config`` section, like the engines' options) returns an
+    object with ``async run(task, *, proxy, tools, chat, sampling, group_id, sample_index) ->
+    Trajectory``. Generation must go through ``proxy`` (the token-recording proxy) and the context
+    must be built from rendered and generated tokens, never re-tokenised text. Built in:
+    ``coding-agent`` (multi-turn, parallel tool calls, self-compaction) and ``single-turn``.
+    """
