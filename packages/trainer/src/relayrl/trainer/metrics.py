@@ -24,7 +24,11 @@ class MetricsWriter:
     def __init__(self, run_dir: str | os.PathLike[str], *, tensorboard: bool = True) -> None:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        torn = self.path.exists() and self.path.stat().st_size > 0 and not self.path.read_bytes().endswith(b"\n")
+        torn = False
+        if self.path.exists() and self.path.stat().st_size > 0:
+            with open(self.path, "rb") as handle:
+                handle.seek(-1, os.SEEK_END)
+                torn = handle.read(1) != b"\n"
         self._file = open(self.path, "a", buffering=1)  # line-buffered: one flush per step
         if torn:  # a crash cut the last line short: start ours on a fresh line
             self._file.write("\n")
