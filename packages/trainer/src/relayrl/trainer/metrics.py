@@ -29,7 +29,7 @@ class MetricsWriter:
             with open(self.path, "rb") as handle:
                 handle.seek(-1, os.SEEK_END)
                 torn = handle.read(1) != b"\n"
-        self._file = open(self.path, "a", buffering=1)  # line-buffered: one flush per step
+        self._file = open(self.path, "a", buffering=1)  # noqa: SIM115 - lives as long as the writer; line-buffered
         if torn:  # a crash cut the last line short: start ours on a fresh line
             self._file.write("\n")
         self._tensorboard = None
