@@ -68,7 +68,8 @@ class BatchObjective:
             entropy_with_grad = -(log_probs.exp() * log_probs).sum(dim=-1)
             loss = loss - self.entropy_coef * entropy_with_grad.sum() / max(denominator, 1.0)
         count = float(targets.sum())
-        sums["loss"] += float(output.loss.detach()) * count
+        # Micro-batch losses are already divided by the global denominator: they add up to the loss.
+        sums["loss"] += float(output.loss.detach())
         sums["targets"] += count
         sums["entropy"] += float(entropy.sum())
         sums["kept_entropy"] += float(kept_entropy.sum())
@@ -81,13 +82,14 @@ class BatchObjective:
         return loss
 
     def metrics(self, batch: SequenceBatch, advantage_metrics: dict[str, float], staleness: torch.Tensor,
-                        sums: Counter[str]) -> dict[str, float]:
+                sums: Counter[str]) -> dict[str, float]:
+        """The step's metrics from the whole batch and the sums :meth:`micro_loss` accumulated."""
         targets = max(sums["targets"], 1.0)
         rewards = batch.rewards()
         metrics: dict[str, float] = {
             "reward/mean": float(rewards.mean()),
             "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
-            "loss/value": sums["loss"] / targets,
+            "loss/value": sums["loss"],
             "entropy/token_mean": sums["entropy"] / targets,
             "entropy/kept_mean": sums["kept_entropy"] / targets,
             "tokens/targets": sums["targets"],
