@@ -51,16 +51,31 @@ class TorchTrainer:
         """Train on ``groups`` (one optimiser step); return this step's metrics."""
         started = time.perf_counter()
         metrics = self.accumulate_gradients(groups)
-        if self.config.grad_clip > 0:
-            metrics["grad/norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
+        metrics.update(self.apply_gradients())
         elapsed = time.perf_counter() - started
         metrics["trainer/step_s"] = elapsed
         metrics["trainer/tokens_per_s"] = metrics["tokens/total"] / elapsed if elapsed > 0 else 0.0
         metrics["trainer/version"] = float(self.version)
         return metrics
+
+    def apply_gradients(self) -> dict[str, float]:
+        """Clip, take the optimiser step on the accumulated gradients, bump the version."""
+        metrics = {}
+        if self.config.grad_clip > 0:
+            metrics["grad/norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        return metrics
+
+    def state_dict(self) -> dict[str, object]:
+        """Model, optimiser and version: what a checkpoint needs from the trainer."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
 
     def accumulate_gradients(self, groups: Sequence[Group]) -> dict[str, float]:
         """Forward and backward over ``groups`` into ``.grad`` (no optimiser step); return metrics."""
