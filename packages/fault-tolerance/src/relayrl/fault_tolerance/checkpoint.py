@@ -94,11 +94,12 @@ class CheckpointStore:
                                   size=info.size, checksum=info.checksum, created_at=time.time())
         try:
             self.store.put(_commit_key(step, self.rank), codec.encode(commit), if_absent=True)
-        except ObjectExists:
+        except ObjectExists as exc:
             # A retry after a crash between commit and pointer: the commit must describe our shard.
             existing = self.read_commit(step, self.rank)
             if existing is None or (existing.size, existing.checksum) != (commit.size, commit.checksum):
-                raise StoreError(f"{self.store.url}: step {step} rank {self.rank} already committed with other content")
+                raise StoreError(f"{self.store.url}: step {step} rank {self.rank} already committed with other "
+                                 "content") from exc
         if self.rank == 0:
             self.store.put(f"{PREFIX}/latest", str(step).encode())
         return commit

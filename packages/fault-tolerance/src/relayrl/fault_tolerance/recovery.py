@@ -34,10 +34,7 @@ class Recovered:
 
 
 def _verifies_somewhere(step: int, replicas: Sequence[CheckpointStore], world_size: int) -> bool:
-    for rank in range(world_size):
-        if not any(_readable(replica, step, rank) for replica in replicas):
-            return False
-    return True
+    return all(any(_readable(replica, step, rank) for replica in replicas) for rank in range(world_size))
 
 
 def _readable(replica: CheckpointStore, step: int, rank: int) -> bool:
