@@ -14,3 +14,10 @@ def test_wire_benchmark_quick_mode_runs_and_checks_round_trips():
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "relayrl msgpack+zstd" in result.stdout and "pickle" in result.stdout and "json" in result.stdout
+
+
+def test_buffer_benchmark_quick_mode_runs_on_local_files_and_s3():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/buffer.py"), "--quick"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "local files" in result.stdout and "S3 (moto, loopback)" in result.stdout and "ingest/read x" in result.stdout
