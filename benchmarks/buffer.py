@@ -71,7 +71,7 @@ def read_raw(store: Store) -> int:
 def ingest(store: Store) -> tuple[int, int]:
     with Buffer(store, BufferSection(ingest_threads=THREADS, batch_groups=1)) as buffer:
         groups = buffer.poll()
-        tokens = sum(pending.tokens for pending in buffer._pending)
+        tokens = buffer.pending_tokens
     return groups, tokens
 
 

@@ -74,6 +74,7 @@ def test_token_budget_takes_the_longest_fitting_run_and_batches_oversized_groups
     buffer.poll()
     tokens_of = {f"g{i}": pending.tokens for i, pending in enumerate(buffer._pending)}
     assert tokens_of["g0"] == 2 * (100 + 8 * 2)  # two trajectories: generated plus tool-output context tokens
+    assert buffer.pending_tokens == sum(tokens_of.values())
     first = buffer.next_batch(0)
     assert ids(first) == ["g0", "g1", "g2", "g3"] and first.metrics.tokens == sum(tokens_of[g] for g in ids(first))
     oversized = buffer.next_batch(0)

@@ -82,6 +82,11 @@ class Buffer:
         return len(self._pending)
 
     @property
+    def pending_tokens(self) -> int:
+        """Tokens (context + generated) of the groups ingested and not yet resolved."""
+        return sum(group.tokens for group in self._pending)
+
+    @property
     def rebalancing(self) -> bool:
         """Whether the next batch is drawn by the restart policy."""
         return self._rebalance_left > 0
