@@ -7,7 +7,7 @@ import itertools
 import msgspec
 import pytest
 
-from relayrl.buffer import Buffer, BufferSection, BufferState, SegmentWriter, StalenessSection
+from relayrl.buffer import Buffer, BufferSection, BufferState, SegmentWriter, StalenessSection, prune_segments
 from relayrl.buffer.segments import segment_key
 from relayrl.buffer.testing import make_group
 from relayrl.core import codec, wire
@@ -177,6 +177,22 @@ def test_resolved_segments_are_not_downloaded_again(store, monkeypatch):
     assert fetched == [segment_key("rollouts", "a", 1), segment_key("rollouts", "a", 2)]
     assert ids(restored.next_batch(0)) == ["g3", "g4", "g5"]
     assert restored.state().producers["a"].watermark == 3 and restored.state().producers["a"].partial == {}
+
+
+def test_pruning_deletes_only_segments_below_the_watermarks_and_the_buffer_continues(store):
+    commit(store, "a", [make_group(f"a{i}") for i in range(6)], at=1, per_segment=2)
+    commit(store, "b", [make_group(f"b{i}") for i in range(2)], at=100, per_segment=2)
+    buffer = Buffer(store, config(batch_groups=3))
+    buffer.poll()
+    state = buffer.next_batch(0).state  # a0..a2: a's segment 0 complete, segment 1 half done
+    assert prune_segments(store, state) == 1
+    assert store.list("rollouts/") == [segment_key("rollouts", "a", 1), segment_key("rollouts", "a", 2),
+                                       segment_key("rollouts", "b", 0)]
+    assert prune_segments(store, state) == 0
+    restored = Buffer(store, config(batch_groups=5))
+    restored.restore(state)
+    restored.poll()
+    assert ids(restored.next_batch(0)) == ["a3", "a4", "a5", "b0", "b1"]
 
 
 def test_bounded_ingest_leaves_segments_in_the_store(store):

@@ -110,6 +110,16 @@ def test_state_round_trips_through_msgpack_and_builtins():
         PromptScheduler(TASKS).restore({"epoch": "x"})
 
 
+def test_state_is_a_snapshot():
+    scheduler = PromptScheduler(TASKS, seed=2)
+    scheduler.observe_counts("task-01", 1, 4)
+    before = scheduler.state()
+    scheduler.observe_counts("task-01", 4, 4)
+    scheduler.next()
+    assert before.stats["task-01"].passes == 1 and before.position == 0
+    assert scheduler.state().stats["task-01"].attempts == pytest.approx(4 * 0.95 + 4)
+
+
 def test_bad_configuration_is_refused_by_name():
     with pytest.raises(ValueError, match="band"):
         PromptScheduler(TASKS, PromptsSection(band=(0.6, 0.1)))

@@ -5,6 +5,7 @@
 * :mod:`relayrl.buffer.admission`: admission policies (staleness, zero variance) and their registry;
 * :mod:`relayrl.buffer.cursor`: :class:`BufferState`, the exactly-once cursor;
 * :mod:`relayrl.buffer.restart`: re-balancing the backlog after a restart;
+* :mod:`relayrl.buffer.retention`: deleting segments no restorable checkpoint needs;
 * :mod:`relayrl.buffer.prompts`: :class:`PromptScheduler` and its registry;
 * :mod:`relayrl.buffer.config`: the ``[buffer]`` config section;
 * :mod:`relayrl.buffer.testing`: realistic test groups and the conformance suites.
@@ -23,11 +24,12 @@ from relayrl.buffer.prompts import (
     create_prompt_scheduler,
     prompt_schedulers,
 )
+from relayrl.buffer.retention import prune_segments
 from relayrl.buffer.segments import GroupRef, SegmentConflict, SegmentWriter, parse_segment_key, segment_key
 
 __all__ = [
     "Admission", "AdmissionChain", "Batch", "BatchGroup", "BatchMetrics", "Buffer", "BufferSection", "BufferState",
     "DroppedGroup", "GroupRef", "PendingGroup", "Pick", "PromptScheduler", "PromptSchedulerState", "PromptsSection",
     "RestartSection", "SegmentConflict", "SegmentWriter", "StalenessPolicy", "StalenessSection", "ZeroVariancePolicy",
-    "admission_policies", "create_prompt_scheduler", "parse_segment_key", "prompt_schedulers", "segment_key",
+    "admission_policies", "create_prompt_scheduler", "parse_segment_key", "prompt_schedulers", "prune_segments", "segment_key",
 ]

@@ -89,14 +89,17 @@ class PromptScheduler:
         if len(set(self._ids)) != len(self._ids):
             duplicates = sorted({task_id for task_id in self._ids if self._ids.count(task_id) > 1})
             raise ValueError(f"prompt scheduler: duplicate task ids {duplicates[:5]}")
+        # Counters live in ``_state``; the per-task stats in a plain dict, since observe() runs per
+        # group and copying a dict of a whole task pool each time would not scale.
         self._state = PromptSchedulerState()
+        self._stats: dict[str, TaskStats] = {}
         self._permutation: list[int] = []
         self._permutation_epoch = -1
 
     # --------------------------------------------------------------------------- estimates
     def pass_rate(self, task_id: str) -> float | None:
         """Estimated pass rate of ``task_id``; None until ``min_samples`` samples were seen."""
-        stats = self._state.stats.get(task_id)
+        stats = self._stats.get(task_id)
         if stats is None or stats.samples < max(1, self.config.min_samples) or stats.attempts <= 0:
             return None
         return stats.passes / stats.attempts
@@ -110,11 +113,10 @@ class PromptScheduler:
         """Update the estimate of ``task_id`` with ``passes`` out of ``attempts``."""
         if not 0 <= passes <= attempts:
             raise ValueError(f"task {task_id!r}: {passes} passes out of {attempts} attempts")
-        old = self._state.stats.get(task_id, TaskStats())
+        old = self._stats.get(task_id, TaskStats())
         decay = self.config.estimate_decay
-        stats = TaskStats(passes=old.passes * decay + passes, attempts=old.attempts * decay + attempts,
-                          samples=old.samples + attempts)
-        self._state = msgspec.structs.replace(self._state, stats={**self._state.stats, task_id: stats})
+        self._stats[task_id] = TaskStats(passes=old.passes * decay + passes, attempts=old.attempts * decay + attempts,
+                                         samples=old.samples + attempts)
 
     def in_band(self, task_id: str) -> bool | None:
         """Whether the task's estimate lies in the band; None while unknown."""
@@ -172,26 +174,28 @@ class PromptScheduler:
 
     # --------------------------------------------------------------------------- state
     def state(self) -> PromptSchedulerState:
-        """Checkpointable state (immutable)."""
-        return self._state
+        """Checkpointable state (an immutable snapshot)."""
+        return msgspec.structs.replace(self._state, stats=dict(self._stats))
 
     def restore(self, state: PromptSchedulerState | dict[str, Any] | bytes) -> None:
         """Continue from a :meth:`state`, its ``msgspec.to_builtins`` dict, or its msgpack bytes."""
         try:
             if isinstance(state, PromptSchedulerState):
-                self._state = state
+                restored = state
             elif isinstance(state, (bytes, bytearray, memoryview)):
-                self._state = msgspec.msgpack.decode(state, type=PromptSchedulerState)
+                restored = msgspec.msgpack.decode(state, type=PromptSchedulerState)
             else:
-                self._state = msgspec.convert(state, PromptSchedulerState, strict=False)
+                restored = msgspec.convert(state, PromptSchedulerState, strict=False)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise WireError(f"prompt scheduler state: invalid: {exc}") from None
+        self._state = msgspec.structs.replace(restored, stats={})
+        self._stats = dict(restored.stats)
 
     def metrics(self, prefix: str = "prompts/") -> dict[str, float]:
         """Counts by reason, skipped turns, and how many known tasks are in and out of the band."""
         out: dict[str, float] = {f"{prefix}picks/{reason}": count for reason, count in sorted(self._state.picks.items())}
         out[f"{prefix}skipped"] = self._state.skipped
-        verdicts = [self.in_band(task_id) for task_id in self._state.stats]
+        verdicts = [self.in_band(task_id) for task_id in self._stats]
         out[f"{prefix}tasks_in_band"] = sum(1 for verdict in verdicts if verdict)
         out[f"{prefix}tasks_out_of_band"] = sum(1 for verdict in verdicts if verdict is False)
         return out
