@@ -1,4 +1,4 @@
-"""The exactly-once kill test: a trainer process killed at random points, many times, on files and on S3.
+"""The exactly-once kill tests: trainer and rollout processes killed at random points, on files and on S3.
 
 The consumer (``relayrl.buffer.testing.kill_consumer``) trains on batches and commits each step as
 one checkpoint object holding the trained group refs and the buffer state, so "trained on" means
@@ -8,10 +8,17 @@ events plus a random delay (during start-up and restore, polling, "training", or
 write), restarts it, and finally reads every checkpoint: each committed group must be trained on
 exactly once or dropped exactly once with a reason, and trained groups must respect the
 staleness bound of the step that trained them.
+
+In the first test all rollouts are committed up front, so the killed run must also take exactly the
+batches of an uninterrupted one (restart re-balancing off, as in deterministic mode). In the fleet
+test two producer processes (``relayrl.buffer.testing.kill_producer``) commit while the consumer
+trains, and all three are killed at random: producers must resume their sequences without gap or
+collision, and nothing committed may be lost or trained twice, with re-balancing on.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import queue
@@ -62,13 +69,12 @@ def commit_rollouts(store, *, producers=4, segments=10, seed=0) -> list[str]:
     return ids
 
 
-class Consumer:
-    """One life of the consumer process, with its output lines read on a thread."""
+class Child:
+    """One life of a child process, with its output lines read on a thread."""
 
-    def __init__(self, url: str, seed: int, train_s: float) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "relayrl.buffer.testing.kill_consumer", url, json.dumps(CONFIG), str(seed),
-             str(train_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def __init__(self, module: str, *args: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE,
+                                        stderr=subprocess.PIPE, text=True)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -78,15 +84,28 @@ class Consumer:
         self.lines.put(None)
 
     def next_line(self, timeout_s: float = 120.0) -> str | None:
-        return self.lines.get(timeout=timeout_s)
+        """The next line; None at end of output; "" when nothing came within ``timeout_s``."""
+        try:
+            return self.lines.get(timeout=timeout_s)
+        except queue.Empty:
+            return ""
 
-    def kill(self) -> None:
+    def kill(self) -> list[str]:
+        """SIGKILL it; return the lines it printed before dying that were not read yet."""
         self.process.send_signal(signal.SIGKILL)
         self.process.wait()
+        rest = []
+        while (line := self.next_line(10.0)) not in (None, ""):
+            rest.append(line)
+        return rest
 
     def failure(self) -> str:
         self.process.wait()
-        return f"consumer exited with {self.process.returncode}: {self.process.stderr.read()[-3000:]}"
+        return f"{self.process.args[2]} exited with {self.process.returncode}: {self.process.stderr.read()[-3000:]}"
+
+
+def Consumer(url: str, seed: int, train_s: float, config: dict = CONFIG) -> Child:
+    return Child("relayrl.buffer.testing.kill_consumer", url, json.dumps(config), str(seed), str(train_s))
 
 
 def reference_run(url: str) -> list[tuple[list[str], list[tuple[str, str]]]]:
@@ -101,34 +120,40 @@ def reference_run(url: str) -> list[tuple[list[str], list[tuple[str, str]]]]:
 
 
 def run_kill_test(url: str, kills: int, seed: int) -> None:
+    """All rollouts committed up front; the consumer is killed ``kills`` times, then runs to the end."""
     store = open_store(url)
     committed = commit_rollouts(store, seed=seed)
     store.put(DONE, b"", if_absent=True)
     reference = reference_run(url)
     rng = random.Random(seed)
-    killed_at: list[str] = []
-    lives = 0
-    while not store.exists(FINISHED):
-        lives += 1
-        assert lives <= kills + 20, "the consumer made no progress"
-        consumer = Consumer(url, seed=rng.randrange(2 ** 31), train_s=0.02)
-        if len(killed_at) >= kills:  # the last life runs to the end
-            while (line := consumer.next_line()) not in ("finished", None):
-                pass
-            assert line == "finished", consumer.failure()
-            consumer.process.wait()
-            break
-        last = "started"
-        for _ in range(rng.randint(0, 3)):
-            line = consumer.next_line()
-            assert line is not None, consumer.failure()
-            last = line
-        if last == "finished":
-            consumer.process.wait()
-            break
-        time.sleep(rng.uniform(0, 0.03))
-        consumer.kill()
-        killed_at.append(last.split()[0])
+    killed_at: list[str] = []  # the last event each killed life printed
+    current: list[Child] = []
+    try:
+        while not store.exists(FINISHED):
+            assert len(current) <= kills + 20, "the consumer made no progress"
+            consumer = Consumer(url, seed=rng.randrange(2 ** 31), train_s=0.02)
+            current.append(consumer)
+            if len(killed_at) >= kills:  # the last life runs to the end
+                while (line := consumer.next_line()) not in ("finished", None, ""):
+                    pass
+                assert line == "finished", consumer.failure()
+                consumer.process.wait()
+                break
+            last = "started"
+            for _ in range(rng.randint(0, 3)):
+                line = consumer.next_line()
+                assert line, consumer.failure()
+                last = line
+            if last == "finished":
+                consumer.process.wait()
+                break
+            time.sleep(rng.uniform(0, 0.03))
+            consumer.kill()
+            killed_at.append(last.split()[0])
+    finally:
+        for child in current:
+            if child.process.poll() is None:
+                child.kill()
 
     records = read_records(store)
     assert [record.step for record in records] == list(range(len(records))), "checkpoint steps have a gap"
@@ -151,6 +176,101 @@ def run_kill_test(url: str, kills: int, seed: int) -> None:
     assert {"batch", "step"} <= set(killed_at), f"kills never landed inside a training step: {killed_at}"
     print(f"{len(killed_at)} kills after events {sorted(set(killed_at))}; {len(records)} steps; "
           f"{len(trained)} trained, {len(dropped)} dropped")
+
+
+FLEET_CONFIG = {**CONFIG, "batch_groups": 6, "restart": {"rebalance_batches": 4}}  # 2 producers x 3 groups per version
+FLEET_SEGMENTS = 12
+FLEET_DEADLINE_S = 240.0  # a hang guard, not a performance threshold
+
+
+def run_fleet_test(url: str, kills: int, seed: int) -> None:
+    """Two producers and the consumer run at once and are all killed at random; rollouts keep flowing."""
+    store = open_store(url)
+    rng = random.Random(seed)
+    producers = ["rollout-0", "rollout-1"]
+
+    def start(name: str) -> Child:
+        if name == "consumer":
+            return Consumer(url, rng.randrange(2 ** 31), 0.02, FLEET_CONFIG)
+        return Child("relayrl.buffer.testing.kill_producer", url, name, str(rng.randrange(2 ** 31)),
+                     str(FLEET_SEGMENTS))
+
+    children: dict[str, Child | None] = {name: start(name) for name in [*producers, "consumer"]}
+    try:
+        reported, killed = _drive_fleet(store, children, producers, start, rng, kills)
+    finally:
+        for child in children.values():
+            if child is not None and child.process.poll() is None:
+                child.kill()
+    _check_fleet(store, producers, reported, killed)
+
+
+def _drive_fleet(store, children, producers, start, rng, kills) -> tuple[set[str], list[str]]:
+    reported: set[str] = set()  # segment keys a producer printed as committed
+    killed: list[str] = []
+    finished = False
+    deadline = time.monotonic() + FLEET_DEADLINE_S
+    while time.monotonic() < deadline:
+        if all(children[name] is None for name in producers) and not store.exists(DONE):
+            store.put(DONE, b"", if_absent=True)
+        name = rng.choice(sorted(name for name, child in children.items() if child is not None))
+        child = children[name]
+        line = ""
+        for _ in range(rng.randint(1, 4)):
+            line = child.next_line(timeout_s=0.5)
+            assert line is not None, child.failure()
+            if line.startswith("committed "):
+                reported.add(line.split()[1])
+            if line in ("done", "finished"):
+                break
+        if line == "finished":
+            finished = True
+            break
+        if line == "done":
+            child.process.wait()
+            children[name] = None
+            continue
+        if len(killed) < kills:
+            time.sleep(rng.uniform(0, 0.03))
+            reported.update(line.split()[1] for line in child.kill() if line.startswith("committed "))
+            killed.append(name)
+            children[name] = start(name)
+    assert finished, f"the fleet did not finish within {FLEET_DEADLINE_S} s (a deadlock?); kills: {killed}"
+    return reported, killed
+
+
+def _check_fleet(store, producers, reported, killed) -> None:
+    keys = store.list("rollouts/")
+    for producer in producers:  # every life resumed its producer's sequence: no gap, no collision
+        assert [key for key in keys if f"/{producer}/" in key] == [
+            f"rollouts/{producer}/{sequence:012d}.seg" for sequence in range(FLEET_SEGMENTS)]
+    assert reported <= set(keys), "a commit a producer reported is missing"
+    group_ids = {}
+    for key in keys:
+        segment = codec.decode_compressed(store.get(key), wire.RolloutSegment)
+        group_ids.update({f"{segment.producer_id}/{segment.sequence}/{i}": g.group_id
+                          for i, g in enumerate(segment.groups)})
+    assert len(set(group_ids.values())) == len(group_ids) == 3 * FLEET_SEGMENTS * len(producers)
+    records = read_records(store)
+    assert [record.step for record in records] == list(range(len(records)))
+    trained = [ref for record in records for ref in record.trained]
+    dropped = [ref for record in records for ref, _ in record.dropped]
+    assert len(trained) == len(set(trained)), "a group was trained on twice"
+    assert len(dropped) == len(set(dropped)) and not set(trained) & set(dropped)
+    assert sorted(trained + dropped) == sorted(group_ids), "a committed group was lost"
+    assert all(0 <= s <= MAX_STALENESS for record in records for s in record.staleness)
+    assert "consumer" in killed and set(producers) & set(killed), f"kills must hit both sides: {killed}"
+    reasons = collections.Counter(reason for record in records for _, reason in record.dropped)
+    print(f"{len(killed)} kills ({collections.Counter(killed)}); {len(records)} steps; dropped {dict(reasons)}; "
+          f"{len(trained)} trained, {len(dropped)} dropped")
+
+
+def test_fleet_of_killed_producers_and_consumer_loses_and_repeats_nothing_on_local_files(tmp_path):
+    run_fleet_test(f"file://{tmp_path}/bus", kills=KILLS, seed=4)
+
+
+def test_fleet_of_killed_producers_and_consumer_loses_and_repeats_nothing_on_s3(s3_url):
+    run_fleet_test(s3_url, kills=max(10, KILLS // 2), seed=5)
 
 
 def test_killed_consumer_trains_each_committed_group_exactly_once_on_local_files(tmp_path):
