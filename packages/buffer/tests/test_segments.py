@@ -36,6 +36,13 @@ def test_bad_producer_ids_are_refused_by_name(bad):
         check_producer_id(bad)
 
 
+def test_writer_takes_prefix_and_segment_size_from_the_config(store):
+    from relayrl.buffer.config import BufferSection
+
+    writer = SegmentWriter.from_config(store, "rollout-3", BufferSection(prefix="runs/r1/rollouts", groups_per_segment=1))
+    assert writer.add(make_group("g")) == "runs/r1/rollouts/rollout-3/000000000000.seg"
+
+
 def test_writer_commits_every_n_groups_and_flushes_the_rest(store):
     writer = SegmentWriter(store, "rollout-0", groups_per_segment=2)
     keys = [writer.add(make_group(f"g{index}")) for index in range(5)]

@@ -13,7 +13,6 @@ Example::
 
 from __future__ import annotations
 
-import bisect
 import concurrent.futures
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -143,15 +142,14 @@ class Buffer:
             self._cursor.complete_segment(producer_id, sequence)
             return 0
         now = self._clock()
-        added = 0
-        for index, group in enumerate(segment.groups):
-            ref = GroupRef(producer_id, sequence, index)
-            if self._cursor.is_resolved(ref):
-                continue
-            pending = PendingGroup.from_group(ref, group, committed_at=segment.created_at, ingested_at=now)
-            bisect.insort(self._pending, pending, key=_order)
-            added += 1
-        return added
+        fresh = [PendingGroup.from_group(ref, group, committed_at=segment.created_at, ingested_at=now)
+                 for index, group in enumerate(segment.groups)
+                 if not self._cursor.is_resolved(ref := GroupRef(producer_id, sequence, index))]
+        if fresh:
+            self._pending.extend(fresh)
+            # Usually already in order (segments arrive roughly in commit order): timsort is then linear.
+            self._pending.sort(key=_order)
+        return len(fresh)
 
     # --------------------------------------------------------------------------- batches
     def next_batch(self, trainer_version: int, *, partial: bool = False) -> Batch | None:
@@ -167,10 +165,10 @@ class Buffer:
         rebalanced = self._rebalance_left > 0
         if rebalanced:
             admitted = list(self._admitted(self._pending, trainer_version, drops))
-            strata = {id(group): stratum_of(group, self.config.restart) for group, _ in admitted}
-            verdicts = {id(group): verdict for group, verdict in admitted}
-            ordered = stratified_order(((strata[id(group)], group) for group, _ in admitted), self._mix)
-            candidates: Iterable[tuple[PendingGroup, Admission]] = ((group, verdicts[id(group)]) for group in ordered)
+            verdicts = {group.ref: verdict for group, verdict in admitted}
+            ordered = stratified_order(((stratum_of(group, self.config.restart), group) for group, _ in admitted),
+                                       self._mix)
+            candidates: Iterable[tuple[PendingGroup, Admission]] = ((group, verdicts[group.ref]) for group in ordered)
         else:
             candidates = self._admitted(self._pending, trainer_version, drops)
         chosen, full, oversized = self._assemble(candidates)

@@ -17,6 +17,7 @@ import dataclasses
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 from relayrl.core import codec, wire
 from relayrl.core.errors import ObjectExists, StoreError
@@ -101,6 +102,11 @@ class SegmentWriter:
         self.next_sequence = self._first_free_sequence()
         self.committed: list[str] = []
         """Keys this writer committed, in order."""
+
+    @classmethod
+    def from_config(cls, store: Store, producer_id: str, config: Any) -> SegmentWriter:
+        """A writer with the ``prefix`` and ``groups_per_segment`` of a :class:`BufferSection`."""
+        return cls(store, producer_id, prefix=config.prefix, groups_per_segment=config.groups_per_segment)
 
     def _first_free_sequence(self) -> int:
         taken = [parsed[1] for key in self.store.list(f"{self.prefix}/{self.producer_id}/")
