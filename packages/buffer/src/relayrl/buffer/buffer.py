@@ -245,8 +245,9 @@ class Buffer:
         return Batch(index=index, trainer_version=trainer_version, groups=groups, dropped=dropped,
                      metrics=metrics, state=self.state())
 
-    def _metrics(self, trainer_version: int, chosen: list[tuple[PendingGroup, Admission]], drops: list[tuple[PendingGroup, Admission]], *,
-                 rebalanced: bool, oversized: int, shortfall: int) -> BatchMetrics:
+    def _metrics(self, trainer_version: int, chosen: list[tuple[PendingGroup, Admission]],
+                 drops: list[tuple[PendingGroup, Admission]], *, rebalanced: bool, oversized: int,
+                 shortfall: int) -> BatchMetrics:
         staleness: dict[int, int] = {}
         down_weighted: dict[str, int] = {}
         dropped: dict[str, int] = {}
