@@ -28,3 +28,10 @@ def test_engine_benchmark_quick_mode_runs():
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "relayrl / generate" in result.stdout
+
+
+def test_buffer_benchmark_quick_mode_runs_on_local_files_and_s3():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/buffer.py"), "--quick"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "local files" in result.stdout and "S3 (moto, loopback)" in result.stdout and "ingest/read x" in result.stdout
