@@ -40,7 +40,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from relayrl.core.plugins import Registration, registrations
-from relayrl.weight_sync.checksum import BLOCK_BYTES, block_crcs, digest
+from relayrl.weight_sync.checksum import BLOCK_BYTES, block_hashes, digest
 from relayrl.weight_sync.errors import WeightSyncError
 from relayrl.weight_sync.parallel import ChunkPool, compressor, decompressor, scratch
 
@@ -130,20 +130,20 @@ _TASK_BYTES = 4 * BLOCK_BYTES
 
 
 def _checksum_task(bits: np.ndarray) -> str:
-    return digest(block_crcs(bits), bits.size)
+    return digest(block_hashes(bits), bits.size)
 
 
 def _copy_task(index: int, source: np.ndarray, out: np.ndarray, start: int, end: int) -> list[int]:
     np.copyto(out[start:end], source[start:end])
-    return block_crcs(out[start:end])
+    return block_hashes(out[start:end])
 
 
 def _gather_checksums(count: int, tasks: Sequence[tuple[Any, ...]], results: Sequence[list[int]],
                       items: Sequence[DecodeItem]) -> list[str]:
-    crcs: list[list[int]] = [[] for _ in range(count)]
+    hashes: list[list[int]] = [[] for _ in range(count)]
     for task, part in zip(tasks, results):
-        crcs[task[0]].extend(part)
-    return [digest(crcs[index], items[index].out.size) for index in range(count)]
+        hashes[task[0]].extend(part)
+    return [digest(hashes[index], items[index].out.size) for index in range(count)]
 
 
 # ---------------------------------------------------------------------------------------- chunked
@@ -184,19 +184,19 @@ class ChunkedCodec:
     def _encode_chunk(self, index: int, bits: np.ndarray, base: np.ndarray | None, start: int, end: int,
                       element_bytes: int) -> tuple[int, Any, list[int]]:
         source = bits[start:end]
-        crcs = block_crcs(source)
+        hashes = block_hashes(source)
         if base is not None:
             delta = scratch("xor", end - start)
             np.bitwise_xor(source, base[start:end], out=delta)
             if not _any_nonzero(delta):
-                return MODE_ZERO, b"", crcs
+                return MODE_ZERO, b"", hashes
         else:
             delta = source
         transformed = _forward(self.transform, delta, element_bytes)
         frame = compressor(self.level).compress(transformed)
         if len(frame) > (1.0 - self.min_gain) * delta.size:
-            return MODE_RAW, delta.tobytes(), crcs  # a copy: ``delta`` may be a reused scratch buffer
-        return MODE_ZSTD, frame, crcs
+            return MODE_RAW, delta.tobytes(), hashes  # a copy: ``delta`` may be a reused scratch buffer
+        return MODE_ZSTD, frame, hashes
 
     def _assemble(self, item: EncodeItem, chunks: list[tuple[int, Any, list[int]]]) -> Encoded:
         flags = _FLAG_XOR if self.is_delta and item.base is not None else 0
@@ -206,7 +206,7 @@ class ChunkedCodec:
         modes = bytes(mode for mode, _, _ in chunks)
         modes += b"\0" * (-len(modes) % 4)
         payload = b"".join([header, lengths, modes, *[stored for _, stored, _ in chunks]])
-        checksum = digest([crc for _, _, crcs in chunks for crc in crcs], item.bits.size)
+        checksum = digest([value for _, _, hashes in chunks for value in hashes], item.bits.size)
         return Encoded(payload=payload, checksum=checksum, chunks=len(chunks),
                        zero_chunks=sum(mode == MODE_ZERO for mode, _, _ in chunks),
                        raw_chunks=sum(mode == MODE_RAW for mode, _, _ in chunks))
@@ -286,7 +286,7 @@ def _decode_chunk(index: int, transform: str, element_bytes: int, mode: int, sto
             target.fill(0)
         elif base is not out:
             np.copyto(target, base_part)
-        return block_crcs(target)
+        return block_hashes(target)
     if mode == MODE_RAW:
         if len(stored) != size:
             raise WeightSyncError(f"{name}: raw chunk at byte {start} has {len(stored)} bytes, expected {size}")
@@ -294,13 +294,13 @@ def _decode_chunk(index: int, transform: str, element_bytes: int, mode: int, sto
     elif mode == MODE_ZSTD:
         if transform == "sparse" and element_bytes in _UINT and size % element_bytes == 0:
             _apply_sparse(stored, base_part, base is out, target, element_bytes, name, start)
-            return block_crcs(target)
+            return block_hashes(target)
         # Without a base the plain transform decompresses straight into the tensor.
         direct = base_part is None and transform == "plain"
         frame_out = target if direct else scratch("frame", size)
         _decompress_into(stored, frame_out, name, start)
         if direct:
-            return block_crcs(target)
+            return block_hashes(target)
         delta = _inverse(transform, frame_out, element_bytes)
     else:
         raise WeightSyncError(f"{name}: unknown chunk mode {mode} at byte {start}")
@@ -308,7 +308,7 @@ def _decode_chunk(index: int, transform: str, element_bytes: int, mode: int, sto
         np.copyto(target, delta)
     else:
         np.bitwise_xor(base_part, delta, out=target)
-    return block_crcs(target)
+    return block_hashes(target)
 
 
 def _decompress_into(stored: memoryview, out: np.ndarray, name: str, start: int) -> None:

@@ -1,6 +1,6 @@
 """A thread pool for chunk work, with one zstd (de)compressor per thread.
 
-zstd, zlib.crc32 and numpy's XOR release the GIL on large buffers, so chunks of one tensor are
+zstd, XXH3 hashing and numpy's XOR release the GIL on large buffers, so chunks of one tensor are
 compressed, decompressed and checksummed on several cores from plain threads. python-zstandard
 context objects must never be shared between threads (sharing one killed the process without a
 traceback on this machine kind), hence thread-local contexts. Scratch buffers are thread-local
