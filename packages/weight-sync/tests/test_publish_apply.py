@@ -55,7 +55,7 @@ def test_delta_onto_the_exact_parent_with_every_phase_timed(store):
     publisher.close()
 
 
-def test_replay_when_behind_and_jump_to_the_snapshot_when_one_lies_between(store):
+def test_replay_when_behind_crossing_a_snapshot_through_its_bridge(store):
     publisher = Publisher(store, snapshot_every_versions=6, keep_versions=0)
     engine = fresh_engine()
     controller = Controller(store, engine)
@@ -64,9 +64,42 @@ def test_replay_when_behind_and_jump_to_the_snapshot_when_one_lies_between(store
     publish(publisher, 3, 4, 5)
     report = controller.poll_once()
     assert (report.route, report.versions_decoded) == ("replay", 3) and engine_equals(engine, state(5))
-    publish(publisher, 6, 7, 8, 9, 10, 11, 12)   # 7 is a snapshot: the chain of 12 starts there
+    publish(publisher, 6, 7, 8, 9, 10, 11, 12)   # 7 is a snapshot with a bridge delta from 6
+    bus = WeightBus(store)
+    assert bus.read_manifest(7).kind == "full" and bus.read_bridge(bus.read_manifest(7)).parent == 6
     report = controller.poll_once()
-    assert (report.route, report.versions_decoded) == ("snapshot", 6) and engine_equals(engine, state(12))
+    assert (report.route, report.versions_decoded) == ("replay", 7) and engine_equals(engine, state(12))
+    assert report.bytes_fetched < bus.read_manifest(7).tensors[1].length
+    publisher.close()
+
+
+def test_jump_to_the_snapshot_when_it_is_fewer_bytes_than_replay(store):
+    def noise(version):  # every bit changes: deltas cost as much as a snapshot
+        rng = np.random.default_rng(version)
+        return {name: rng.integers(0, 1 << 16, size, dtype=np.uint16) for name, size in SIZES.items()}
+
+    publisher = Publisher(store, snapshot_every_versions=4, keep_versions=0)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    publisher.publish(noise(1)).result()
+    controller.poll_once()
+    for version in range(2, 7):                   # 5 is a snapshot (with a bridge); replay 2..6 would be 5 deltas
+        publisher.publish(noise(version)).result()
+    report = controller.poll_once()
+    assert (report.route, report.versions_decoded) == ("snapshot", 2)
+    assert engine_equals(engine, noise(6))
+    publisher.close()
+
+
+def test_without_bridges_an_engine_behind_a_snapshot_loads_it(store):
+    publisher = Publisher(store, snapshot_every_versions=3, keep_versions=0, bridge_deltas=False)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    publish(publisher, 1, 2)
+    controller.poll_once()
+    publish(publisher, 3, 4, 5)
+    report = controller.poll_once()
+    assert (report.route, report.versions_decoded) == ("snapshot", 2) and engine_equals(engine, state(5))
     publisher.close()
 
 
@@ -151,10 +184,15 @@ def test_retention_keeps_latest_needed_bases_and_in_flight_objects(store):
     store.put(in_flight, b"half of version 11")           # a publisher still uploading
     dead = bus.object_key(4, "deadattempt", 0, 0)
     store.put(dead, b"a killed attempt at version 4")
+    bridge_of_5 = bus.read_manifest(5).metadata["bridge"]
+    bridge_of_9 = bus.read_manifest(9).metadata["bridge"]
     deleted = apply_retention(bus, keep_versions=3)       # keep 8, 9, 10: chain of 8 needs 5..8
     assert deleted == [1, 2, 3, 4] and bus.committed_versions() == [5, 6, 7, 8, 9, 10]
     assert store.exists(in_flight) and not store.exists(dead)
+    assert store.exists(bridge_of_5) and store.exists(bridge_of_9)
     assert needed_versions(bus, [8]) == {5, 6, 7, 8}
+    apply_retention(bus, keep_versions=1)                 # keep 10: needs 9, 10 (9 is a snapshot)
+    assert bus.committed_versions() == [9, 10] and not store.exists(bridge_of_5) and store.exists(bridge_of_9)
     for version in bus.committed_versions():
         for entry in bus.read_manifest(version).tensors:
             assert store.exists(entry.object_key)

@@ -3,9 +3,9 @@
 For a target version T the controller plans a route:
 
 ``delta``     T is one delta onto exactly the version the engine serves;
-``replay``    several deltas onto the served version (T's chain passes through it);
-``snapshot``  the newest full snapshot on T's chain, then every delta after it (a new engine, an
-              engine whose version is not on T's chain, or when that is fewer bytes than replay).
+``replay``    several deltas onto the served version, crossing snapshots through their bridge deltas;
+``snapshot``  the newest full snapshot at or below T, then every delta after it (a new engine, an
+              engine whose version is not an ancestor of T, or when that is fewer bytes than replay).
 
 It fetches every object of the route (verified by the store's CRC), decodes into CPU staging
 buffers (the engine's current bits as the first base, read while it keeps serving), and checks the
@@ -76,29 +76,54 @@ class ApplyReport:
 
 def plan_route(bus: WeightBus, target: int, served: int | None) -> Plan:
     """The cheapest route from ``served`` to ``target`` (see the module docstring)."""
-    chain: list[WeightManifest] = []   # newest first while walking
-    replay_length: int | None = None   # how many of the newest manifests replay onto ``served``
+    snapshot_route = _snapshot_chain(bus, target)
+    limit = _fetch_bytes(snapshot_route) if snapshot_route is not None else None
+    replay = _replay_chain(bus, target, served, limit) if served is not None and served < target else None
+    if replay is not None:
+        return Plan(target, "delta" if len(replay) == 1 else "replay", replay, _fetch_bytes(replay))
+    if snapshot_route is None:
+        raise VersionUnavailable(f"version {target}: neither its snapshot chain nor a replay from version {served} "
+                                 f"is complete (deleted by retention, or never committed)")
+    return Plan(target, "snapshot", snapshot_route, _fetch_bytes(snapshot_route))
+
+
+def _snapshot_chain(bus: WeightBus, target: int) -> list[WeightManifest] | None:
+    """The newest full snapshot at or below ``target`` and the deltas after it, oldest first."""
+    chain: list[WeightManifest] = []
     current: int | None = target
     while current is not None:
         try:
             manifest = bus.read_manifest(current)
         except ObjectNotFound:
-            if replay_length is not None:
-                break  # the snapshot end of the chain is gone, but replay onto the engine works
-            raise VersionUnavailable(f"version {current} on the chain of version {target} is gone "
-                                     f"(deleted by retention or never committed)") from None
+            return None
         chain.append(manifest)
-        if manifest.kind == "delta" and manifest.parent == served and replay_length is None:
-            replay_length = len(chain)
         if manifest.kind == "full":
-            break
+            return chain[::-1]
         current = manifest.parent
-    if replay_length is not None:
-        replay = chain[:replay_length][::-1]
-        if chain[-1].kind != "full" or _fetch_bytes(replay) <= _fetch_bytes(chain):
-            return Plan(target, "delta" if len(replay) == 1 else "replay", replay, _fetch_bytes(replay))
-    chain.reverse()
-    return Plan(target, "snapshot", chain, _fetch_bytes(chain))
+    return None
+
+
+def _replay_chain(bus: WeightBus, target: int, served: int, limit: int | None) -> list[WeightManifest] | None:
+    """Deltas from exactly ``served`` to ``target`` (bridges across snapshots), if no more than ``limit`` bytes."""
+    steps: list[WeightManifest] = []
+    size = 0
+    current = target
+    while current > served:
+        try:
+            manifest = bus.read_manifest(current)
+        except ObjectNotFound:
+            return None
+        if manifest.kind == "full":
+            bridge = bus.read_bridge(manifest)
+            if bridge is None:
+                return None
+            manifest = bridge
+        size += _fetch_bytes([manifest])
+        if limit is not None and size > limit:
+            return None  # the snapshot is fewer bytes: jump to it
+        steps.append(manifest)
+        current = manifest.parent if manifest.parent is not None else -1
+    return steps[::-1] if current == served and steps else None
 
 
 def _fetch_bytes(manifests: Iterable[WeightManifest]) -> int:

@@ -6,6 +6,8 @@ Keys under the prefix (``weights`` by default)::
     shards/0000000012/g7/00001-of-00004       shard manifests of a sharded publish (one per trainer rank;
                                               g7: the publishers' generation, their first version)
     objects/0000000012/<attempt>-r00001-0000  packed tensor payloads of one publishing attempt
+    bridges/0000000012-<attempt>              for a snapshot version: a delta from version 11 (the
+                                              snapshot's manifest names it in ``metadata["bridge"]``)
     latest                                    the newest committed version, as decimal text (a hint)
 
 A version exists exactly when ``manifests/<version>`` exists; everything a manifest references was
@@ -33,6 +35,7 @@ class WeightBus:
         self.store = store
         self.prefix = prefix.strip("/")
         self._manifests: dict[int, WeightManifest] = {}
+        self._bridges: dict[str, WeightManifest] = {}
 
     def __repr__(self) -> str:
         return f"WeightBus({self.store.url!r}, prefix={self.prefix!r})"
@@ -53,13 +56,28 @@ class WeightBus:
     def object_key(self, version: int, attempt: str, rank: int, part: int) -> str:
         return self.key(f"objects/{version:0{_WIDTH}d}/{attempt}-r{rank:05d}-{part:04d}")
 
+    def bridge_key(self, version: int, attempt: str) -> str:
+        return self.key(f"bridges/{version:0{_WIDTH}d}-{attempt}")
+
+    def read_bridge(self, manifest: WeightManifest) -> WeightManifest | None:
+        """The bridge delta a snapshot manifest names (onto ``version - 1``), or None."""
+        key = manifest.metadata.get("bridge")
+        if not key:
+            return None
+        if key not in self._bridges:
+            try:
+                self._bridges[key] = self.read_shard(key)
+            except ObjectNotFound:
+                return None
+        return self._bridges[key]
+
     @staticmethod
     def version_of(key: str) -> int | None:
         """The version a manifest, shard or object key belongs to (None for other keys)."""
         parts = key.split("/")
         for index, part in enumerate(parts[:-1]):
-            if part in ("manifests", "shards", "objects") and index + 1 < len(parts):
-                candidate = parts[index + 1]
+            if part in ("manifests", "shards", "objects", "bridges") and index + 1 < len(parts):
+                candidate = parts[index + 1].split("-", 1)[0]
                 return int(candidate) if candidate.isdigit() else None
         return None
 

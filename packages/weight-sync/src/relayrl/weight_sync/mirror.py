@@ -51,8 +51,11 @@ class NodeMirror:
             if version in have:
                 continue
             manifest = self.remote.read_manifest(version)
-            keys = sorted({entry.object_key for entry in manifest.tensors})
+            bridge = self.remote.read_bridge(manifest)
+            keys = sorted({entry.object_key for kept in (manifest, bridge) if kept is not None for entry in kept.tensors})
             total += sum(self._threads.map(self._copy_object, keys))
+            if bridge is not None:
+                self.local.write_manifest(bridge, key=manifest.metadata["bridge"])
             self.local.write_manifest(manifest)  # last, if absent: the local version is complete or absent
             copied.append(version)
         self.local.write_latest_pointer(target)

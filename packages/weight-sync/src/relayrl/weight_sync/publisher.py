@@ -86,7 +86,7 @@ class Publisher:
                  zstd_level: int = 1, chunk_bytes: int = 4 * MIB, min_gain: float = 0.01, threads: int = 0,
                  object_bytes: int = 256 * MIB, upload_threads: int = 4, keep_versions: int = 4,
                  rank: int = 0, world_size: int = 1, first_version: int | None = None,
-                 background: bool = True, pm: Any = None) -> None:
+                 bridge_deltas: bool = True, background: bool = True, pm: Any = None) -> None:
         if publish_every_steps < 1 or snapshot_every_versions < 1:
             raise WeightSyncError("publish_every_steps and snapshot_every_versions must be at least 1")
         if not 0 <= rank < world_size:
@@ -103,6 +103,7 @@ class Publisher:
             raise WeightSyncError(f"delta_codec {delta_codec!r} must be a delta codec and full_codec "
                                   f"{full_codec!r} a full one")
         self.object_bytes = object_bytes
+        self.bridge_deltas = bridge_deltas
         self.keep_versions = keep_versions
         self.rank, self.world_size = rank, world_size
         self.pool = ChunkPool(threads)
@@ -229,26 +230,35 @@ class Publisher:
 
     def _encode_upload_commit(self, version: int, current: dict[str, np.ndarray], step: int,
                               metadata: dict[str, str], copy_s: float) -> PublishReport:
-        full = (self._base is None or self._base_version != version - 1 or self._snapshot_version is None
+        has_parent = self._base is not None and self._base_version == version - 1
+        full = (not has_parent or self._snapshot_version is None
                 or version - self._snapshot_version >= self.snapshot_every_versions)
-        codec = self.full_codec if full else self.delta_codec
+        # A snapshot with a parent also gets a bridge delta, so that engines a few versions behind
+        # can replay across the snapshot instead of downloading it.
+        bridge = full and has_parent and self.bridge_deltas and self.world_size == 1
         names = list(current)
         start = time.perf_counter()
-        items = [EncodeItem(current[name], None if full else self._base[name], self._meta[name].element_bytes)  # type: ignore[index]
-                 for name in names]
-        encoded = codec.encode_many(items, self.pool)
+        encoded = self._encode(current, names, delta=not full)
+        bridge_encoded = self._encode(current, names, delta=True) if bridge else None
         encode_s = time.perf_counter() - start
 
         start = time.perf_counter()
         attempt = uuid.uuid4().hex[:12]
+        codec = self.full_codec if full else self.delta_codec
         entries = self._upload(version, attempt, names, encoded, codec.name)
+        metadata = {**metadata, "attempt": attempt, "world_size": str(self.world_size)}
+        if bridge_encoded is not None:
+            bridge_entries = self._upload(version, attempt + "-bridge", names, bridge_encoded, self.delta_codec.name)
+            bridge_manifest = new_manifest(version=version, parent=version - 1, kind="delta", tensors=bridge_entries,
+                                           snapshot=self._snapshot_version, step=step, metadata=dict(metadata))
+            metadata["bridge"] = self.bus.bridge_key(version, attempt)
+            self.bus.write_manifest(bridge_manifest, key=metadata["bridge"])
         upload_s = time.perf_counter() - start
 
         start = time.perf_counter()
         snapshot = version if full else self._snapshot_version
         manifest = new_manifest(version=version, parent=None if full else version - 1, kind="full" if full else "delta",
-                                tensors=entries, snapshot=snapshot, step=step,
-                                metadata={**metadata, "attempt": attempt, "world_size": str(self.world_size)})
+                                tensors=entries, snapshot=snapshot, step=step, metadata=metadata)
         committed = self._commit(manifest)
         commit_s = time.perf_counter() - start
 
@@ -272,6 +282,12 @@ class Publisher:
                                retention_s=time.perf_counter() - start, deleted_versions=deleted)
         self.last_report = report
         return report
+
+    def _encode(self, current: dict[str, np.ndarray], names: list[str], *, delta: bool) -> list[Encoded]:
+        codec = self.delta_codec if delta else self.full_codec
+        items = [EncodeItem(current[name], self._base[name] if delta else None,  # type: ignore[index]
+                            self._meta[name].element_bytes) for name in names]
+        return codec.encode_many(items, self.pool)
 
     def _upload(self, version: int, attempt: str, names: list[str], encoded: list[Encoded],
                 codec_name: str) -> list[TensorEntry]:

@@ -9,7 +9,7 @@ Kept, always:
 * everything belonging to a version newer than the newest committed one: it is in flight.
 
 Deleted: manifests of other committed versions first (so no new reader starts on them), then
-objects and shard manifests that no remaining manifest references, for versions up to the newest
+objects, bridge deltas and shard manifests that no remaining manifest references, for versions up to the newest
 committed one (objects of a dead publishing attempt included).
 """
 
@@ -53,8 +53,15 @@ def apply_retention(bus: WeightBus, *, keep_versions: int, protect: Iterable[int
     for version in deleted:
         bus.store.delete(bus.manifest_key(version))
         bus.forget(version)
-    referenced = {entry.object_key for version in needed for entry in bus.read_manifest(version).tensors}
-    for prefix in ("objects/", "shards/"):
+    referenced: set[str] = set()
+    for version in needed:
+        manifest = bus.read_manifest(version)
+        bridge = bus.read_bridge(manifest)
+        for kept in (manifest, bridge) if bridge is not None else (manifest,):
+            referenced.update(entry.object_key for entry in kept.tensors)
+        if bridge is not None:
+            referenced.add(manifest.metadata["bridge"])
+    for prefix in ("objects/", "shards/", "bridges/"):
         for key in bus.store.list(bus.key(prefix)):
             version = bus.version_of(key)
             if version is None or version > newest or key in referenced:
