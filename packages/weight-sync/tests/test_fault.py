@@ -1,7 +1,7 @@
 """The publisher is SIGKILLed at random points, hundreds of times, on local files and on S3.
 
 After every kill: ``latest`` names a committed version, every base a kept version needs is intact,
-and a controller that polled throughout (in a thread, while the publisher ran) only ever applied
+and a controller that polled throughout (in a thread, while the publishers ran) only ever applied
 complete versions: after each apply its engine holds exactly the bits of that version. A fresh
 engine bootstraps to the newest version every few kills.
 
@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -27,10 +28,33 @@ from relayrl.weight_sync.testing import kill_publisher
 TOTAL_KILLS = int(os.environ.get("RELAYRL_WEIGHT_SYNC_KILLS", "210"))
 
 
-def _spawn(url: str) -> subprocess.Popen[str]:
-    process = subprocess.Popen([sys.executable, "-m", "relayrl.weight_sync.testing.kill_publisher", url],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return process
+class Zygote:
+    """The warm parent process that forks each publisher (see ``kill_publisher``)."""
+
+    def __init__(self, url: str) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "relayrl.weight_sync.testing.kill_publisher", url],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout.readline().strip() == "ready"
+
+    def fork_publisher(self) -> int:
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
+        return int(self.process.stdout.readline())
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=30)
+        self.process.stdout.close()
+
+
+def _kill_and_wait(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+    while True:  # the zygote ignores SIGCHLD, so the kernel reaps the child and its pid disappears
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.001)
 
 
 def _engine() -> StateDictAdapter:
@@ -103,42 +127,23 @@ def _run_kills(url: str, kills: int, max_delay_s: float, seed: int) -> None:
     poller = PollingController(store)
     debris_seen = lagging_pointer = 0
     newest_seen = []
-    following = _spawn(url)
+    zygote = Zygote(url)
     try:
         for iteration in range(kills):
-            process, following = following, _spawn(url)   # the next one imports while this one runs
-            assert process.stdout is not None and process.stdin is not None
-            ready = process.stdout.readline()
-            assert ready.strip() == "ready", process.stderr.read() if process.stderr else ready
-            process.stdin.write("go\n")
-            process.stdin.flush()
-            try:
-                process.wait(timeout=rng.uniform(0.0, max_delay_s))
-                raise AssertionError(f"publisher exited by itself: {process.stderr.read() if process.stderr else ''}")
-            except subprocess.TimeoutExpired:
-                pass
-            process.send_signal(signal.SIGKILL)
-            process.wait()
-            for stream in (process.stdin, process.stdout, process.stderr):
-                if stream is not None:
-                    stream.close()
+            pid = zygote.fork_publisher()
+            time.sleep(rng.uniform(0.0, max_delay_s))
+            _kill_and_wait(pid)
             newest, debris = _check_store(store)
             debris_seen += debris
-            bus = WeightBus(store)
-            pointer = bus.read_latest_pointer()
+            pointer = WeightBus(store).read_latest_pointer()
             lagging_pointer += pointer is not None and newest is not None and pointer < newest
             newest_seen.append(newest)
             if iteration % 20 == 19 and newest is not None:
                 fresh = _engine()
-                report = Controller(store, fresh, threads=1).update_to(newest)
+                Controller(store, fresh, threads=1).update_to(newest)
                 assert _holds(fresh, newest), f"a new engine bootstrapped to version {newest} holds other bits"
-                assert report.route == "snapshot"
     finally:
-        following.kill()
-        following.wait()
-        for stream in (following.stdin, following.stdout, following.stderr):
-            if stream is not None:
-                stream.close()
+        zygote.close()
         poller.stop()
     print(f"\n{url.split(':')[0]}: {kills} kills, newest version {newest_seen[-1]}, controller applied "
           f"{len(poller.applied)} versions ({poller.errors} polls retried), debris left by {debris_seen} kills, "
