@@ -17,6 +17,7 @@ from relayrl.weight_sync import (
     apply_retention,
     needed_versions,
 )
+from relayrl.weight_sync.codecs import DEFAULT_DELTA_CODEC
 from relayrl.weight_sync.errors import WeightSyncError
 from relayrl.weight_sync.testing.models import SMALL_SIZES as SIZES
 from relayrl.weight_sync.testing.models import engine_equals
@@ -259,6 +260,7 @@ def test_config_section_is_registered_and_configures_both_sides(store, isolated_
                                           "apply_mode": "xor"}})
     section = config.weight_sync
     assert isinstance(section, WeightSyncSection) and section.keep_versions == 4
+    assert WeightSyncSection().delta_codec == DEFAULT_DELTA_CODEC == Publisher(store).delta_codec.name
     publisher = Publisher.from_config(store, section)
     assert publisher.delta_codec.name == "xor-sparse-zstd" and publisher.snapshot_every_versions == 3
     engine = fresh_engine()

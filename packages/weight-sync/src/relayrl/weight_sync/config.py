@@ -16,8 +16,9 @@ class WeightSyncSection(Section):
     """K: publish a version every K optimiser steps."""
     snapshot_every_versions: int = 50
     """N: every N-th version is a full snapshot, the others are deltas against the previous version."""
-    delta_codec: str = "xor-zstd"
-    """Codec of delta versions (``relayrl_weight_sync_codecs``); chosen by benchmarks/weight_sync/compression.py."""
+    delta_codec: str = "xor-sparse-zstd"
+    """Codec of delta versions (``relayrl_weight_sync_codecs``). ``xor-sparse-zstd`` measured smallest and
+    fastest to decode at lr 1e-7..1e-5 (benchmarks/weight_sync/compression.py; see docs/weight-sync.md)."""
     full_codec: str = "zstd"
     """Codec of snapshots: ``zstd``, ``planes-zstd`` or ``raw`` (no compression, cheapest CPU)."""
     zstd_level: int = 1

@@ -29,7 +29,7 @@ import numpy as np
 from relayrl.core.store import Store
 from relayrl.core.wire import TensorEntry, WeightManifest
 from relayrl.weight_sync import bits as tensor_bits
-from relayrl.weight_sync.codecs import Codec, Encoded, EncodeItem, make_codec
+from relayrl.weight_sync.codecs import DEFAULT_DELTA_CODEC, DEFAULT_FULL_CODEC, Codec, Encoded, EncodeItem, make_codec
 from relayrl.weight_sync.config import WeightSyncSection
 from relayrl.weight_sync.errors import WeightSyncError
 from relayrl.weight_sync.layout import WeightBus, new_manifest
@@ -82,7 +82,7 @@ class Publisher:
     """
 
     def __init__(self, store: Store, *, prefix: str = "weights", publish_every_steps: int = 1,
-                 snapshot_every_versions: int = 50, delta_codec: str = "xor-zstd", full_codec: str = "zstd",
+                 snapshot_every_versions: int = 50, delta_codec: str = DEFAULT_DELTA_CODEC, full_codec: str = DEFAULT_FULL_CODEC,
                  zstd_level: int = 1, chunk_bytes: int = 4 * MIB, min_gain: float = 0.01, threads: int = 0,
                  object_bytes: int = 256 * MIB, upload_threads: int = 4, keep_versions: int = 4,
                  rank: int = 0, world_size: int = 1, first_version: int | None = None,
