@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from relayrl.core.store import open_store
-from relayrl.weight_sync import Controller, NodeMirror, Publisher, StateDictAdapter, WeightBus
+from relayrl.weight_sync import Controller, NodeMirror, Publisher, StateDictAdapter, WeightBus, WeightSyncSection
 from relayrl.weight_sync.testing.models import engine_equals, small_state, zero_engine
 from relayrl.weight_sync.testing.synthetic import adam_like_step, bf16_bits, init_master
 
@@ -61,3 +61,41 @@ def test_node_mirror_downloads_once_for_every_engine_on_the_node(tmp_path, remot
     assert WeightBus(local).committed_versions() == [4, 5]
     publisher.close()
     mirror.close()
+
+
+def test_stage_url_points_controllers_at_the_node_mirror(tmp_path):
+    remote = open_store(f"file://{tmp_path}/remote")
+    section = WeightSyncSection(stage_url=f"file://{tmp_path}/shm")
+    publisher = Publisher.from_config(remote, section)
+    publisher.publish(small_state(1)).result()
+    engine = zero_engine()
+    controller = Controller.from_config(remote, engine, section)
+    assert controller.poll_once() is None                 # nothing staged on the node yet
+    NodeMirror.from_config(remote, section).sync_once()
+    assert controller.poll_once().version == 1 and engine_equals(engine, small_state(1))
+    publisher.close()
+
+
+def test_works_without_torch(tmp_path):
+    """The package never imports torch for numpy tensors; torch is blocked in a subprocess to prove it."""
+    import subprocess
+    import sys
+
+    probe = f"""
+import sys
+sys.modules["torch"] = None  # any import of torch now fails
+from relayrl.core.store import open_store
+from relayrl.weight_sync import Controller, Publisher
+from relayrl.weight_sync.testing.models import engine_equals, small_state, zero_engine
+store = open_store("file://{tmp_path}/bus")
+publisher = Publisher(store)
+engine = zero_engine()
+for version in (1, 2):
+    publisher.publish(small_state(version)).result()
+    Controller(store, engine).poll_once()
+assert engine_equals(engine, small_state(2))
+publisher.close()
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert result.stdout.strip() == "ok", result.stderr

@@ -161,7 +161,15 @@ class Controller:
 
     @classmethod
     def from_config(cls, store: Store, engine: EngineAdapter, section: WeightSyncSection, **overrides: Any) -> Controller:
-        """A controller configured by a ``[weight_sync]`` section; ``overrides`` win."""
+        """A controller configured by a ``[weight_sync]`` section; ``overrides`` win.
+
+        With ``stage_url`` set, the controller reads the node-local mirror that this node's
+        :class:`~relayrl.weight_sync.NodeMirror` fills, instead of ``store``.
+        """
+        if section.stage_url:
+            from relayrl.core.store import open_store
+
+            store = open_store(section.stage_url)
         options: dict[str, Any] = dict(prefix=section.prefix, threads=section.threads,
                                        download_threads=section.upload_threads, apply_mode=section.apply_mode,
                                        verify_after_apply=section.verify_after_apply,

@@ -10,12 +10,18 @@ crosses the network once per node instead of once per engine, and engines decode
 from __future__ import annotations
 
 import dataclasses
+import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from relayrl.core.store import Store
+from relayrl.weight_sync.config import WeightSyncSection
+from relayrl.weight_sync.errors import WeightSyncError
 from relayrl.weight_sync.layout import WeightBus
 from relayrl.weight_sync.retention import apply_retention, needed_versions
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -37,6 +43,24 @@ class NodeMirror:
         self.local = WeightBus(local, prefix)
         self.keep_versions = keep_versions
         self._threads = ThreadPoolExecutor(max(1, threads), thread_name_prefix="relayrl-weight-mirror")
+
+    @classmethod
+    def from_config(cls, remote: Store, section: WeightSyncSection) -> NodeMirror:
+        """The mirror of a ``[weight_sync]`` section: ``remote`` into ``stage_url``."""
+        from relayrl.core.store import open_store
+
+        if not section.stage_url:
+            raise WeightSyncError("weight_sync.stage_url: empty; set it to a node-local URL such as file:///dev/shm/run")
+        return cls(remote, open_store(section.stage_url), prefix=section.prefix, threads=section.upload_threads)
+
+    def run(self, stop: threading.Event, poll_interval_s: float = 1.0) -> None:
+        """Sync until ``stop`` is set; errors are logged and retried at the next poll."""
+        while not stop.is_set():
+            try:
+                self.sync_once()
+            except Exception as exc:
+                log.warning("mirroring weights failed (will retry): %s", exc)
+            stop.wait(poll_interval_s)
 
     def sync_once(self) -> MirrorReport:
         """Copy the newest remote version and its chain (what is missing locally); prune old local ones."""
