@@ -86,6 +86,9 @@ class DecodeItem:
     out: np.ndarray
     element_bytes: int
     name: str = "tensor"
+    checksum: bool = True
+    """Hash the result. Replaying several deltas hashes only the last version's bits: an error in an
+    earlier one shows there, and sparse deltas applied in place then touch only the changed elements."""
 
 
 class Codec(Protocol):
@@ -99,7 +102,7 @@ class Codec(Protocol):
         """Encode every item (chunks of all items share the pool); checksums are of ``item.bits``."""
 
     def decode_many(self, items: Sequence[DecodeItem], pool: ChunkPool) -> list[str]:
-        """Decode every payload into its ``out`` and return the checksums of the resulting bits."""
+        """Decode every payload into its ``out``; the checksums of the results ("" where not asked for)."""
 
 
 # ---------------------------------------------------------------------------------------- raw
@@ -121,8 +124,8 @@ class RawCodec:
         tasks = []
         for index, item in enumerate(items):
             source = np.frombuffer(item.payload, np.uint8)
-            tasks += [(index, source, item.out, start, min(start + _TASK_BYTES, item.out.size))
-                      for start in range(0, item.out.size, _TASK_BYTES)] or [(index, source, item.out, 0, 0)]
+            tasks += [(index, source, item.out, start, min(start + _TASK_BYTES, item.out.size), item.checksum)
+                      for start in range(0, item.out.size, _TASK_BYTES)] or [(index, source, item.out, 0, 0, item.checksum)]
         results = pool.map(_copy_task, tasks)
         return _gather_checksums(len(items), tasks, results, items)
 
@@ -134,9 +137,9 @@ def _checksum_task(bits: np.ndarray) -> str:
     return digest(block_hashes(bits), bits.size)
 
 
-def _copy_task(index: int, source: np.ndarray, out: np.ndarray, start: int, end: int) -> list[int]:
+def _copy_task(index: int, source: np.ndarray, out: np.ndarray, start: int, end: int, checksum: bool) -> list[int]:
     np.copyto(out[start:end], source[start:end])
-    return block_hashes(out[start:end])
+    return block_hashes(out[start:end]) if checksum else []
 
 
 def _gather_checksums(count: int, tasks: Sequence[tuple[Any, ...]], results: Sequence[list[int]],
@@ -144,7 +147,7 @@ def _gather_checksums(count: int, tasks: Sequence[tuple[Any, ...]], results: Seq
     hashes: list[list[int]] = [[] for _ in range(count)]
     for task, part in zip(tasks, results):
         hashes[task[0]].extend(part)
-    return [digest(hashes[index], items[index].out.size) for index in range(count)]
+    return [digest(hashes[index], item.out.size) if item.checksum else "" for index, item in enumerate(items)]
 
 
 # ---------------------------------------------------------------------------------------- chunked
@@ -249,7 +252,8 @@ class ChunkedCodec:
             start = chunk * chunk_bytes
             end = min(start + chunk_bytes, total)
             tasks.append((index, _TRANSFORM_NAMES[transform], element_bytes, modes[chunk],
-                          view[begin:int(ends[chunk])], item.base if xor else None, item.out, start, end, item.name))
+                          view[begin:int(ends[chunk])], item.base if xor else None, item.out, start, end, item.name,
+                          item.checksum))
             begin = int(ends[chunk])
         return tasks
 
@@ -280,7 +284,14 @@ def _forward(transform: str, delta: np.ndarray, element_bytes: int) -> np.ndarra
 
 
 def _decode_chunk(index: int, transform: str, element_bytes: int, mode: int, stored: memoryview,
-                  base: np.ndarray | None, out: np.ndarray, start: int, end: int, name: str) -> list[int]:
+                  base: np.ndarray | None, out: np.ndarray, start: int, end: int, name: str,
+                  checksum: bool = True) -> list[int]:
+    _apply_chunk(transform, element_bytes, mode, stored, base, out, start, end, name)
+    return block_hashes(out[start:end]) if checksum else []
+
+
+def _apply_chunk(transform: str, element_bytes: int, mode: int, stored: memoryview, base: np.ndarray | None,
+                 out: np.ndarray, start: int, end: int, name: str) -> None:
     target = out[start:end]
     size = end - start
     base_part = base[start:end] if base is not None else None
@@ -289,7 +300,7 @@ def _decode_chunk(index: int, transform: str, element_bytes: int, mode: int, sto
             target.fill(0)
         elif base is not out:
             np.copyto(target, base_part)
-        return block_hashes(target)
+        return
     if mode == MODE_RAW:
         if len(stored) != size:
             raise WeightSyncError(f"{name}: raw chunk at byte {start} has {len(stored)} bytes, expected {size}")
@@ -297,13 +308,13 @@ def _decode_chunk(index: int, transform: str, element_bytes: int, mode: int, sto
     elif mode == MODE_ZSTD:
         if transform == "sparse" and element_bytes in _UINT and size % element_bytes == 0:
             _apply_sparse(stored, base_part, base is out, target, element_bytes, name, start)
-            return block_hashes(target)
+            return
         # Without a base the plain transform decompresses straight into the tensor.
         direct = base_part is None and transform == "plain"
         frame_out = target if direct else scratch("frame", size)
         _decompress_into(stored, frame_out, name, start)
         if direct:
-            return block_hashes(target)
+            return
         delta = _inverse(transform, frame_out, element_bytes)
     else:
         raise WeightSyncError(f"{name}: unknown chunk mode {mode} at byte {start}")
@@ -311,7 +322,6 @@ def _decode_chunk(index: int, transform: str, element_bytes: int, mode: int, sto
         np.copyto(target, delta)
     else:
         np.bitwise_xor(base_part, delta, out=target)
-    return block_hashes(target)
 
 
 def _decompress_into(stored: memoryview, out: np.ndarray, name: str, start: int) -> None:
