@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from relayrl.weight_sync.errors import WeightSyncError
+from relayrl.weight_sync.parallel import ChunkPool, parallel_copy
 
 _TORCH_DTYPE_NAMES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
@@ -78,8 +79,17 @@ def bits_view(value: Any, *, name: str = "tensor") -> np.ndarray:
     return array.reshape(-1).view(np.uint8)
 
 
-def copy_bits_into(value: Any, out: np.ndarray) -> None:
-    """Copy the bits of ``value`` (any device, any layout) into the ``uint8`` buffer ``out``."""
+def copy_bits_into(value: Any, out: np.ndarray, pool: ChunkPool | None = None) -> None:
+    """Copy the bits of ``value`` (any device, any layout) into the ``uint8`` buffer ``out``.
+
+    With ``pool``, copies from CPU memory run in slices on its threads.
+    """
+    if pool is not None:
+        try:
+            parallel_copy(out, bits_view(value), pool)
+            return
+        except WeightSyncError:
+            pass  # on an accelerator or not contiguous: one copy through torch below
     if is_torch_tensor(value):
         torch = _torch()
         source = value.detach()
@@ -91,15 +101,18 @@ def copy_bits_into(value: Any, out: np.ndarray) -> None:
     np.copyto(out, np.ascontiguousarray(value).reshape(-1).view(np.uint8))
 
 
-def write_bits(value: Any, bits: np.ndarray, *, name: str = "tensor") -> None:
-    """Overwrite the memory of tensor ``value`` in place with ``bits`` (any device)."""
+def write_bits(value: Any, bits: np.ndarray, *, name: str = "tensor", pool: ChunkPool | None = None) -> None:
+    """Overwrite the memory of tensor ``value`` in place with ``bits`` (any device; CPU copies on ``pool``)."""
     if is_torch_tensor(value) and (value.device.type != "cpu" or not value.is_contiguous()):
         torch = _torch()
         if not value.is_contiguous():
             raise WeightSyncError(f"{name}: cannot update a non-contiguous tensor in place")
         value.detach().reshape(-1).view(torch.uint8).copy_(torch.from_numpy(bits))
         return
-    np.copyto(bits_view(value, name=name), bits)
+    if pool is not None:
+        parallel_copy(bits_view(value, name=name), bits, pool)
+    else:
+        np.copyto(bits_view(value, name=name), bits)
 
 
 def xor_bits_into(value: Any, delta: np.ndarray, *, name: str = "tensor") -> None:

@@ -17,6 +17,7 @@ import numpy as np
 
 from relayrl.weight_sync import bits as tensor_bits
 from relayrl.weight_sync.errors import WeightSyncError
+from relayrl.weight_sync.parallel import ChunkPool
 
 
 @runtime_checkable
@@ -67,10 +68,10 @@ class StateDictAdapter:
             logits = model(tokens)
 
     Tensors on an accelerator are supported: their bits are copied to CPU to be read, and written
-    back with ``copy_``.
+    back with ``copy_``. CPU copies run on ``threads`` threads (0: every CPU).
     """
 
-    def __init__(self, model_or_state: Any, *, version: int | None = None) -> None:
+    def __init__(self, model_or_state: Any, *, version: int | None = None, threads: int = 0) -> None:
         state = model_or_state.state_dict() if hasattr(model_or_state, "state_dict") else model_or_state
         if not isinstance(state, Mapping) or not state:
             raise WeightSyncError("StateDictAdapter needs a module with a state_dict or a non-empty mapping of tensors")
@@ -81,6 +82,8 @@ class StateDictAdapter:
         self.cache_resets = 0
         self._read_copies: dict[str, np.ndarray] = {}
         self._paused = False
+        # Copies during the pause run on every core: applying 2 GiB on one core took ~0.45 s here.
+        self._pool = ChunkPool(threads)
 
     def tensor_specs(self) -> dict[str, tuple[str, list[int]]]:
         return {name: (tensor_bits.dtype_name(value), [int(size) for size in value.shape])
@@ -110,7 +113,7 @@ class StateDictAdapter:
     def apply_tensors(self, tensors: Mapping[str, np.ndarray]) -> None:
         self._require_paused()
         for name, new_bits in tensors.items():
-            tensor_bits.write_bits(self._tensor(name), new_bits, name=name)
+            tensor_bits.write_bits(self._tensor(name), new_bits, name=name, pool=self._pool)
 
     def apply_xor(self, deltas: Mapping[str, np.ndarray]) -> None:
         self._require_paused()

@@ -101,3 +101,18 @@ class ChunkPool:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_COPY_SLICE = 64 << 20
+
+
+def _copy_slice(out: np.ndarray, source: np.ndarray, start: int, end: int) -> None:
+    np.copyto(out[start:end], source[start:end])
+
+
+def parallel_copy(out: np.ndarray, source: np.ndarray, pool: ChunkPool) -> None:
+    """``out[:] = source`` for flat ``uint8`` arrays, in 64 MiB slices on ``pool`` (numpy releases the GIL)."""
+    if out.size != source.size:
+        raise ValueError(f"copy of {source.size} bytes into {out.size}")
+    pool.map(_copy_slice, [(out, source, start, min(start + _COPY_SLICE, out.size))
+                           for start in range(0, out.size, _COPY_SLICE)])

@@ -210,7 +210,7 @@ class Publisher:
             buffer = self._spare.get(name)
             if buffer is None or buffer.size != size:
                 buffer = np.empty(size, np.uint8)
-            tensor_bits.copy_bits_into(value, buffer)
+            tensor_bits.copy_bits_into(value, buffer, self.pool)
             current[name] = buffer
         if meta != self._meta:  # a changed tensor set or shape cannot be a delta
             self._base = None
