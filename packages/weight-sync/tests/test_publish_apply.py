@@ -282,3 +282,34 @@ def test_s3_publish_and_apply(s3_url):
         assert engine_equals(engine, state(version))
     assert WeightBus(store).committed_versions() == [4, 5]
     publisher.close()
+
+
+def test_a_failed_publish_is_retried_under_the_same_version_as_a_delta(tmp_path):
+    from relayrl.core.errors import StoreError
+    from relayrl.core.store import LocalStore
+
+    class FlakyStore(LocalStore):
+        """Fails the next object upload, as a store outage would."""
+
+        fail_next = False
+
+        def put(self, key, data, *, if_absent=False):
+            if self.fail_next and "/objects/" in key:
+                FlakyStore.fail_next = False
+                raise StoreError(f"writing object {key} failed: injected outage")
+            return super().put(key, data, if_absent=if_absent)
+
+    store = FlakyStore(f"file://{tmp_path}/bus")
+    publisher = Publisher(store, keep_versions=0)
+    publish(publisher, 1)
+    FlakyStore.fail_next = True
+    with pytest.raises(StoreError, match="injected outage"):
+        publisher.publish(state(2)).result()
+    assert publisher.next_version == 2
+    publish(publisher, 2, 3)
+    bus = WeightBus(store)
+    assert [bus.read_manifest(v).kind for v in (1, 2, 3)] == ["full", "delta", "delta"]
+    engine = fresh_engine()
+    Controller(store, engine).poll_once()
+    assert engine_equals(engine, state(3))
+    publisher.close()
