@@ -20,6 +20,7 @@ marks the engine's version unknown so the next update bootstraps it from a snaps
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import threading
@@ -30,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from relayrl.core.errors import ChecksumMismatch, ObjectNotFound, StoreError
+from relayrl.core.errors import ObjectNotFound, StoreError
 from relayrl.core.store import Store
 from relayrl.core.wire import WeightManifest
 from relayrl.weight_sync import bits as tensor_bits
@@ -159,7 +160,8 @@ class Controller:
         self._pm = pm
         self._codecs: dict[str, Codec] = {}
         self._staging: dict[str, np.ndarray] = {}
-        self.reports: list[ApplyReport] = []
+        self.reports: collections.deque[ApplyReport] = collections.deque(maxlen=256)
+        """The most recent updates' reports, oldest first."""
 
     @classmethod
     def from_config(cls, store: Store, engine: EngineAdapter, section: WeightSyncSection, **overrides: Any) -> Controller:
@@ -211,7 +213,7 @@ class Controller:
             plan = plan_route(self.bus, target, previous)
             staged = self._prefetch(plan)
             retried = False
-        except (BitMismatch, ChecksumMismatch, ObjectNotFound, VersionUnavailable, StoreError, WeightSyncError) as exc:
+        except (StoreError, WeightSyncError) as exc:  # a bad or vanished object, a wrong base, a broken chain
             # On any doubt: newest snapshot plus replay, ignoring what the engine holds.
             log.warning("update to version %d by its %s route failed (%s); retrying from a snapshot", target,
                         "planned", exc)
