@@ -313,3 +313,42 @@ def test_a_failed_publish_is_retried_under_the_same_version_as_a_delta(tmp_path)
     Controller(store, engine).poll_once()
     assert engine_equals(engine, state(3))
     publisher.close()
+
+
+def test_a_serving_loop_holding_the_lock_never_sees_half_applied_weights(store):
+    import threading
+
+    from relayrl.weight_sync.checksum import tensor_checksum
+
+    versions = range(1, 9)
+    known = {version: {name: tensor_checksum(bits.view(np.uint8)) for name, bits in state(version).items()}
+             for version in versions}
+    known[0] = {name: tensor_checksum(np.zeros(size, np.uint16).view(np.uint8)) for name, size in SIZES.items()}
+    engine = fresh_engine()
+    seen, torn = set(), []
+    stop = threading.Event()
+
+    def serve() -> None:  # a "forward pass" reads every tensor under the serving lock
+        while not stop.is_set():
+            with engine.serving_lock:
+                sums = {name: tensor_checksum(engine.read_bits(name)) for name in SIZES}
+            matching = [version for version, expected in known.items() if expected == sums]
+            if matching:
+                seen.add(matching[0])
+            else:
+                torn.append(sums)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    publisher = Publisher(store, keep_versions=0, snapshot_every_versions=3)
+    controller = Controller(store, engine)
+    try:
+        for version in versions:
+            publish(publisher, version)
+            controller.poll_once()
+    finally:
+        stop.set()
+        server.join()
+    assert not torn, "a forward pass saw a mix of two versions"
+    assert len(seen) >= 2 and engine.pauses == len(versions)
+    publisher.close()
