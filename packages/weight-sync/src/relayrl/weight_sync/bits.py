@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from relayrl.weight_sync.errors import WeightSyncError
-from relayrl.weight_sync.parallel import ChunkPool, parallel_copy
+from relayrl.weight_sync.parallel import ChunkPool, parallel_copy, parallel_xor
 
 _TORCH_DTYPE_NAMES = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
@@ -115,15 +115,18 @@ def write_bits(value: Any, bits: np.ndarray, *, name: str = "tensor", pool: Chun
         np.copyto(bits_view(value, name=name), bits)
 
 
-def xor_bits_into(value: Any, delta: np.ndarray, *, name: str = "tensor") -> None:
-    """XOR ``delta`` into the memory of tensor ``value`` in place (any device)."""
+def xor_bits_into(value: Any, delta: np.ndarray, *, name: str = "tensor", pool: ChunkPool | None = None) -> None:
+    """XOR ``delta`` into the memory of tensor ``value`` in place (any device; CPU work on ``pool``)."""
     if is_torch_tensor(value) and value.device.type != "cpu":
         torch = _torch()
         target = value.detach().reshape(-1).view(torch.uint8)
         target.bitwise_xor_(torch.from_numpy(delta).to(value.device, non_blocking=True))
         return
     view = bits_view(value, name=name)
-    np.bitwise_xor(view, delta, out=view)
+    if pool is not None:
+        parallel_xor(view, delta, pool)
+    else:
+        np.bitwise_xor(view, delta, out=view)
 
 
 def _torch() -> Any:

@@ -118,7 +118,7 @@ class StateDictAdapter:
     def apply_xor(self, deltas: Mapping[str, np.ndarray]) -> None:
         self._require_paused()
         for name, delta in deltas.items():
-            tensor_bits.xor_bits_into(self._tensor(name), delta, name=name)
+            tensor_bits.xor_bits_into(self._tensor(name), delta, name=name, pool=self._pool)
 
     def reset_caches(self) -> None:
         self.cache_resets += 1  # a bare module keeps no caches; counted so callers can check the call

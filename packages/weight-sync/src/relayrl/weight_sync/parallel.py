@@ -116,3 +116,15 @@ def parallel_copy(out: np.ndarray, source: np.ndarray, pool: ChunkPool) -> None:
         raise ValueError(f"copy of {source.size} bytes into {out.size}")
     pool.map(_copy_slice, [(out, source, start, min(start + _COPY_SLICE, out.size))
                            for start in range(0, out.size, _COPY_SLICE)])
+
+
+def _xor_slice(out: np.ndarray, delta: np.ndarray, start: int, end: int) -> None:
+    np.bitwise_xor(out[start:end], delta[start:end], out=out[start:end])
+
+
+def parallel_xor(out: np.ndarray, delta: np.ndarray, pool: ChunkPool) -> None:
+    """``out ^= delta`` for flat ``uint8`` arrays, in 64 MiB slices on ``pool``."""
+    if out.size != delta.size:
+        raise ValueError(f"XOR of {delta.size} bytes into {out.size}")
+    pool.map(_xor_slice, [(out, delta, start, min(start + _COPY_SLICE, out.size))
+                          for start in range(0, out.size, _COPY_SLICE)])
