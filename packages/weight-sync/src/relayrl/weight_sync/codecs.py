@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from relayrl.core.plugins import Registration, registrations
-from relayrl.weight_sync.checksum import BLOCK_BYTES, block_hashes, digest
+from relayrl.weight_sync.checksum import BLOCK_BYTES, block_hashes, digest, tensor_checksum
 from relayrl.weight_sync.errors import WeightSyncError
 from relayrl.weight_sync.parallel import ChunkPool, compressor, decompressor, scratch
 
@@ -113,8 +113,7 @@ class RawCodec:
     is_delta = False
 
     def encode_many(self, items: Sequence[EncodeItem], pool: ChunkPool) -> list[Encoded]:
-        sums = pool.map(_checksum_task, [(item.bits,) for item in items])
-        return [Encoded(payload=item.bits, checksum=checksum) for item, checksum in zip(items, sums)]
+        return [Encoded(payload=item.bits, checksum=tensor_checksum(item.bits, pool)) for item in items]
 
     def decode_many(self, items: Sequence[DecodeItem], pool: ChunkPool) -> list[str]:
         for item in items:
@@ -131,10 +130,6 @@ class RawCodec:
 
 
 _TASK_BYTES = 4 * BLOCK_BYTES
-
-
-def _checksum_task(bits: np.ndarray) -> str:
-    return digest(block_hashes(bits), bits.size)
 
 
 def _copy_task(index: int, source: np.ndarray, out: np.ndarray, start: int, end: int, checksum: bool) -> list[int]:
