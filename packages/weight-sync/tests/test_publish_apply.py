@@ -352,3 +352,12 @@ def test_a_serving_loop_holding_the_lock_never_sees_half_applied_weights(store):
     assert not torn, "a forward pass saw a mix of two versions"
     assert len(seen) >= 2 and engine.pauses == len(versions)
     publisher.close()
+
+
+def test_maybe_publish_publishes_every_k_steps(store):
+    publisher = Publisher(store, publish_every_steps=3, keep_versions=0)
+    published = [step for step in range(8) if publisher.maybe_publish(step, state(step)) is not None]
+    publisher.close()
+    bus = WeightBus(store)
+    assert published == [0, 3, 6]
+    assert [bus.read_manifest(version).step for version in bus.committed_versions()] == [0, 3, 6]
