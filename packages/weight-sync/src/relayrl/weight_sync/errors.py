@@ -1,0 +1,17 @@
+"""Errors of relayrl-weight-sync; all are :class:`relayrl.core.errors.RelayrlError` subclasses."""
+
+from __future__ import annotations
+
+from relayrl.core.errors import RelayrlError
+
+
+class WeightSyncError(RelayrlError):
+    """A weight version could not be published, decoded or applied; the message names it."""
+
+
+class BitMismatch(WeightSyncError):
+    """The bits a decode or an apply produced differ from the checksum the manifest records."""
+
+
+class VersionUnavailable(WeightSyncError):
+    """No complete version (or no usable chain of versions) is available in the store."""

@@ -1,0 +1,156 @@
+"""Where weight versions live in a store, and reading/writing their manifests and ``latest`` pointer.
+
+Keys under the prefix (``weights`` by default)::
+
+    manifests/0000000012                      the committed manifest of version 12 (written last, if absent)
+    shards/0000000012/g7/00001-of-00004       shard manifests of a sharded publish (one per trainer rank;
+                                              g7: the publishers' generation, their first version)
+    objects/0000000012/<attempt>-r00001-0000  packed tensor payloads of one publishing attempt
+    bridges/0000000012-<attempt>              for a snapshot version: a delta from version 11 (the
+                                              snapshot's manifest names it in ``metadata["bridge"]``)
+    latest                                    the newest committed version, as decimal text (a hint)
+
+A version exists exactly when ``manifests/<version>`` exists; everything a manifest references was
+written before it. ``latest`` only ever names a committed version but may lag behind (a publisher
+killed between the manifest and the pointer), so readers probe forward from it.
+"""
+
+from __future__ import annotations
+
+import time
+
+from relayrl.core import codec
+from relayrl.core.errors import ObjectExists, ObjectNotFound
+from relayrl.core.store import Store
+from relayrl.core.wire import WeightManifest
+from relayrl.weight_sync.errors import WeightSyncError
+
+_WIDTH = 10
+
+
+class WeightBus:
+    """Weight versions in ``store`` under ``prefix``: key layout plus manifest and pointer I/O."""
+
+    def __init__(self, store: Store, prefix: str = "weights") -> None:
+        self.store = store
+        self.prefix = prefix.strip("/")
+        self._manifests: dict[int, WeightManifest] = {}
+        self._bridges: dict[str, WeightManifest] = {}
+
+    def __repr__(self) -> str:
+        return f"WeightBus({self.store.url!r}, prefix={self.prefix!r})"
+
+    # ------------------------------------------------------------------ keys
+    def key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+    def manifest_key(self, version: int) -> str:
+        return self.key(f"manifests/{version:0{_WIDTH}d}")
+
+    def shard_prefix(self, version: int, generation: int) -> str:
+        return self.key(f"shards/{version:0{_WIDTH}d}/g{generation}/")
+
+    def shard_key(self, version: int, generation: int, rank: int, world_size: int) -> str:
+        return self.shard_prefix(version, generation) + f"{rank:05d}-of-{world_size:05d}"
+
+    def object_key(self, version: int, attempt: str, rank: int, part: int) -> str:
+        return self.key(f"objects/{version:0{_WIDTH}d}/{attempt}-r{rank:05d}-{part:04d}")
+
+    def bridge_key(self, version: int, attempt: str) -> str:
+        return self.key(f"bridges/{version:0{_WIDTH}d}-{attempt}")
+
+    def read_bridge(self, manifest: WeightManifest) -> WeightManifest | None:
+        """The bridge delta a snapshot manifest names (onto ``version - 1``), or None."""
+        key = manifest.metadata.get("bridge")
+        if not key:
+            return None
+        if key not in self._bridges:
+            try:
+                self._bridges[key] = self.read_shard(key)
+            except ObjectNotFound:
+                return None
+        return self._bridges[key]
+
+    @staticmethod
+    def version_of(key: str) -> int | None:
+        """The version a manifest, shard or object key belongs to (None for other keys)."""
+        parts = key.split("/")
+        for index, part in enumerate(parts[:-1]):
+            if part in ("manifests", "shards", "objects", "bridges") and index + 1 < len(parts):
+                candidate = parts[index + 1].split("-", 1)[0]
+                return int(candidate) if candidate.isdigit() else None
+        return None
+
+    # ------------------------------------------------------------------ manifests
+    def committed_versions(self) -> list[int]:
+        """Every committed version, ascending (one listing)."""
+        versions = []
+        for key in self.store.list(self.key("manifests/")):
+            name = key.rsplit("/", 1)[-1]
+            if name.isdigit():
+                versions.append(int(name))
+        return sorted(versions)
+
+    def exists(self, version: int) -> bool:
+        return self.store.exists(self.manifest_key(version))
+
+    def read_manifest(self, version: int, *, cached: bool = True) -> WeightManifest:
+        """The committed manifest of ``version``; ObjectNotFound when it is not (or no longer) there."""
+        if cached and version in self._manifests:
+            return self._manifests[version]
+        key = self.manifest_key(version)
+        manifest = codec.decode(self.store.get(key), WeightManifest, what=f"{self.store.url}/{key}")
+        if manifest.version != version:
+            raise WeightSyncError(f"{self.store.url}/{key}: holds version {manifest.version}, not {version}")
+        self._manifests[version] = manifest
+        return manifest
+
+    def forget(self, version: int) -> None:
+        """Drop a cached manifest (after it was deleted)."""
+        self._manifests.pop(version, None)
+
+    def write_manifest(self, manifest: WeightManifest, key: str | None = None) -> bool:
+        """Commit ``manifest`` with a conditional create; False when that key already exists."""
+        try:
+            self.store.put(key or self.manifest_key(manifest.version), codec.encode(manifest), if_absent=True)
+        except ObjectExists:
+            return False
+        if key is None:
+            self._manifests[manifest.version] = manifest
+        return True
+
+    def read_shard(self, key: str) -> WeightManifest:
+        return codec.decode(self.store.get(key), WeightManifest, what=f"{self.store.url}/{key}")
+
+    # ------------------------------------------------------------------ latest
+    def read_latest_pointer(self) -> int | None:
+        try:
+            text = self.store.get(self.key("latest")).decode()
+        except ObjectNotFound:
+            return None
+        return int(text) if text.strip().isdigit() else None
+
+    def write_latest_pointer(self, version: int) -> None:
+        """Point ``latest`` at committed ``version`` unless it already names a newer one."""
+        if not self.exists(version):
+            raise WeightSyncError(f"refusing to point latest at uncommitted version {version}")
+        current = self.read_latest_pointer()
+        if current is None or current < version:
+            self.store.put(self.key("latest"), str(version).encode())
+
+    def newest_version(self) -> int | None:
+        """The newest committed version: the ``latest`` hint, then probes forward; a listing without a hint."""
+        hint = self.read_latest_pointer()
+        if hint is None or not self.exists(hint):
+            versions = self.committed_versions()
+            return versions[-1] if versions else None
+        newest = hint
+        while self.exists(newest + 1):
+            newest += 1
+        return newest
+
+
+def new_manifest(**fields: object) -> WeightManifest:
+    """A manifest with ``created_at`` set to now."""
+    fields.setdefault("created_at", time.time())
+    return WeightManifest(**fields)  # type: ignore[arg-type]

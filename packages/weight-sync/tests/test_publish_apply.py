@@ -1,0 +1,363 @@
+"""Publisher and Controller through real stores: routes, fallbacks, sharding, retention, timing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from relayrl.core.config import load_config
+from relayrl.core.store import open_store
+from relayrl.weight_sync import (
+    BitMismatch,
+    Controller,
+    Publisher,
+    StateDictAdapter,
+    WeightBus,
+    WeightSyncSection,
+    apply_retention,
+    needed_versions,
+)
+from relayrl.weight_sync.codecs import DEFAULT_DELTA_CODEC
+from relayrl.weight_sync.errors import WeightSyncError
+from relayrl.weight_sync.testing.models import SMALL_SIZES as SIZES
+from relayrl.weight_sync.testing.models import engine_equals
+from relayrl.weight_sync.testing.models import small_state as state
+from relayrl.weight_sync.testing.models import zero_engine as fresh_engine
+
+
+@pytest.fixture
+def store(tmp_path):
+    return open_store(f"file://{tmp_path}/bus")
+
+
+def publish(publisher: Publisher, *versions: int) -> None:
+    for version in versions:
+        assert publisher.next_version == version
+        publisher.publish(state(version), step=version * 10).result()
+
+
+def test_delta_onto_the_exact_parent_with_every_phase_timed(store):
+    publisher = Publisher(store, snapshot_every_versions=10, keep_versions=0)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    publish(publisher, 1)
+    first = controller.poll_once()
+    assert first.route == "snapshot" and engine.served_version() == 1 and engine_equals(engine, state(1))
+    publish(publisher, 2)
+    report = controller.poll_once()
+    assert (report.route, report.previous, report.version, report.versions_decoded) == ("delta", 1, 2, 1)
+    assert engine_equals(engine, state(2)) and engine.pauses == 2
+    assert report.bytes_fetched * 5 < first.bytes_fetched
+    for phase in ("fetch_s", "decode_s", "pause_s", "apply_s", "verify_after_apply_s", "total_s"):
+        assert getattr(report, phase) > 0, phase
+    assert controller.poll_once() is None
+    manifest = WeightBus(store).read_manifest(2)
+    assert (manifest.kind, manifest.parent, manifest.snapshot, manifest.step) == ("delta", 1, 1, 20)
+    publisher.close()
+
+
+def test_replay_when_behind_crossing_a_snapshot_through_its_bridge(store):
+    publisher = Publisher(store, snapshot_every_versions=6, keep_versions=0)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    publish(publisher, 1, 2)
+    controller.poll_once()
+    publish(publisher, 3, 4, 5)
+    report = controller.poll_once()
+    assert (report.route, report.versions_decoded) == ("replay", 3) and engine_equals(engine, state(5))
+    publish(publisher, 6, 7, 8, 9, 10, 11, 12)   # 7 is a snapshot with a bridge delta from 6
+    bus = WeightBus(store)
+    assert bus.read_manifest(7).kind == "full" and bus.read_bridge(bus.read_manifest(7)).parent == 6
+    report = controller.poll_once()
+    assert (report.route, report.versions_decoded) == ("replay", 7) and engine_equals(engine, state(12))
+    assert report.bytes_fetched < bus.read_manifest(7).tensors[1].length
+    publisher.close()
+
+
+def test_jump_to_the_snapshot_when_it_is_fewer_bytes_than_replay(store):
+    def noise(version):  # every bit changes: deltas cost as much as a snapshot
+        rng = np.random.default_rng(version)
+        return {name: rng.integers(0, 1 << 16, size, dtype=np.uint16) for name, size in SIZES.items()}
+
+    publisher = Publisher(store, snapshot_every_versions=4, keep_versions=0)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    publisher.publish(noise(1)).result()
+    controller.poll_once()
+    for version in range(2, 7):                   # 5 is a snapshot (with a bridge); replay 2..6 would be 5 deltas
+        publisher.publish(noise(version)).result()
+    report = controller.poll_once()
+    assert (report.route, report.versions_decoded) == ("snapshot", 2)
+    assert engine_equals(engine, noise(6))
+    publisher.close()
+
+
+def test_without_bridges_an_engine_behind_a_snapshot_loads_it(store):
+    publisher = Publisher(store, snapshot_every_versions=3, keep_versions=0, bridge_deltas=False)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    publish(publisher, 1, 2)
+    controller.poll_once()
+    publish(publisher, 3, 4, 5)
+    report = controller.poll_once()
+    assert (report.route, report.versions_decoded) == ("snapshot", 2) and engine_equals(engine, state(5))
+    publisher.close()
+
+
+def test_a_new_engine_bootstraps_from_the_snapshot_and_replays_deltas(store):
+    publisher = Publisher(store, snapshot_every_versions=50, keep_versions=0)
+    publish(publisher, *range(1, 9))
+    engine = fresh_engine()
+    report = Controller(store, engine).poll_once()
+    assert (report.route, report.versions_decoded, report.previous) == ("snapshot", 8, None)
+    assert engine_equals(engine, state(8))
+    publisher.close()
+
+
+def test_an_engine_whose_bits_are_not_its_version_falls_back_to_the_snapshot(store):
+    publisher = Publisher(store, keep_versions=0)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    publish(publisher, 1)
+    controller.poll_once()
+    engine.tensors["mlp"][123] ^= 1       # the engine's bits no longer are version 1
+    publish(publisher, 2)
+    report = controller.poll_once()
+    assert report.retried and report.route == "snapshot" and engine_equals(engine, state(2))
+
+
+def test_xor_apply_mode_and_cache_reset(store):
+    publisher = Publisher(store, keep_versions=0)
+    engine = fresh_engine()
+    controller = Controller(store, engine, apply_mode="xor", reset_caches_on_apply=True)
+    publish(publisher, 1, 2)
+    controller.poll_once()
+    publish(publisher, 3)
+    assert controller.poll_once().route == "delta"
+    assert engine_equals(engine, state(3)) and engine.cache_resets == 2
+
+
+class CorruptingEngine(StateDictAdapter):
+    """Flips one bit of every apply, as faulty memory or a buggy engine would."""
+
+    def apply_tensors(self, tensors):
+        super().apply_tensors(tensors)
+        self.tensors["embed"][0] ^= 1
+
+
+def test_a_mismatch_after_apply_is_an_error_and_leaves_the_version_unknown(store):
+    publisher = Publisher(store, keep_versions=0)
+    engine = CorruptingEngine({name: np.zeros(size, np.uint16) for name, size in SIZES.items()})
+    publish(publisher, 1)
+    with pytest.raises(BitMismatch, match="version 1"):
+        Controller(store, engine).poll_once()
+    assert engine.served_version() is None and not engine._paused
+
+
+def test_an_engine_with_other_tensors_is_refused_by_name(store):
+    publisher = Publisher(store, keep_versions=0)
+    publish(publisher, 1)
+    engine = StateDictAdapter({"embed": np.zeros(SIZES["embed"], np.uint16)})
+    with pytest.raises(WeightSyncError, match="version only: \\['mlp', 'norm'\\]"):
+        Controller(store, engine).poll_once()
+
+
+def test_sharded_version_is_invisible_until_every_rank_commits(store):
+    names = list(SIZES)
+    ranks = [Publisher(store, rank=rank, world_size=2, first_version=1, keep_versions=0) for rank in range(2)]
+    owned = [{name: value for name, value in state(1).items() if names.index(name) % 2 == rank} for rank in range(2)]
+    assert ranks[0].publish(owned[0]).result().committed is False
+    bus = WeightBus(store)
+    assert bus.newest_version() is None and Controller(store, fresh_engine()).poll_once() is None
+    assert ranks[1].publish(owned[1]).result().committed is True
+    engine = fresh_engine()
+    Controller(store, engine).poll_once()
+    assert engine_equals(engine, state(1)) and bus.newest_version() == 1
+    for rank in ranks:
+        rank.close()
+
+
+def test_retention_keeps_latest_needed_bases_and_in_flight_objects(store):
+    publisher = Publisher(store, snapshot_every_versions=4, keep_versions=0)
+    publish(publisher, *range(1, 11))                     # snapshots 1, 5, 9
+    bus = WeightBus(store)
+    in_flight = bus.object_key(11, "inflight", 0, 0)
+    store.put(in_flight, b"half of version 11")           # a publisher still uploading
+    dead = bus.object_key(4, "deadattempt", 0, 0)
+    store.put(dead, b"a killed attempt at version 4")
+    bridge_of_5 = bus.read_manifest(5).metadata["bridge"]
+    bridge_of_9 = bus.read_manifest(9).metadata["bridge"]
+    deleted = apply_retention(bus, keep_versions=3)       # keep 8, 9, 10: chain of 8 needs 5..8
+    assert deleted == [1, 2, 3, 4] and bus.committed_versions() == [5, 6, 7, 8, 9, 10]
+    assert store.exists(in_flight) and not store.exists(dead)
+    assert store.exists(bridge_of_5) and store.exists(bridge_of_9)
+    assert needed_versions(bus, [8]) == {5, 6, 7, 8}
+    apply_retention(bus, keep_versions=1)                 # keep 10: needs 9, 10 (9 is a snapshot)
+    assert bus.committed_versions() == [9, 10] and not store.exists(bridge_of_5) and store.exists(bridge_of_9)
+    for version in bus.committed_versions():
+        for entry in bus.read_manifest(version).tensors:
+            assert store.exists(entry.object_key)
+    engine = fresh_engine()
+    Controller(store, engine).poll_once()
+    assert engine_equals(engine, state(10))
+    publisher.close()
+
+
+def test_a_lagging_latest_pointer_is_probed_past(store):
+    publisher = Publisher(store, keep_versions=0)
+    publish(publisher, 1, 2)
+    bus = WeightBus(store)
+    store.put(bus.key("latest"), b"1")                    # killed between manifest 2 and the pointer
+    assert bus.newest_version() == 2
+    with pytest.raises(WeightSyncError, match="uncommitted version 7"):
+        bus.write_latest_pointer(7)
+
+
+def test_a_restarted_publisher_continues_with_a_snapshot(store):
+    publish(Publisher(store, keep_versions=0), 1, 2, 3)
+    restarted = Publisher(store, keep_versions=0)
+    publish(restarted, 4, 5)
+    bus = WeightBus(store)
+    assert [bus.read_manifest(v).kind for v in range(1, 6)] == ["full", "delta", "delta", "full", "delta"]
+
+
+def test_publish_blocks_only_for_the_copy(store):
+    publisher = Publisher(store, keep_versions=0)
+    source = state(1)
+    future = publisher.publish(source)
+    for value in source.values():
+        value[:] = 0                                       # the trainer moves on and overwrites its weights
+    future.result()
+    engine = fresh_engine()
+    Controller(store, engine).poll_once()
+    assert engine_equals(engine, state(1))
+
+
+def test_torch_module_round_trip():
+    torch = pytest.importorskip("torch", reason="torch is optional; this test covers nn.Module engines")
+    import tempfile
+
+    store = open_store(tempfile.mkdtemp())
+    torch.manual_seed(0)
+    trainer = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128)).to(torch.bfloat16)
+    served = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128)).to(torch.bfloat16)
+    publisher = Publisher(store, keep_versions=0)
+    controller = Controller(store, StateDictAdapter(served))
+    optimizer = torch.optim.Adam(trainer.parameters(), lr=1e-3)
+    for step in range(3):
+        trainer(torch.randn(8, 64, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        publisher.publish(trainer.state_dict(), step=step).result()
+        controller.poll_once()
+        for (name, expected), actual in zip(trainer.state_dict().items(), served.state_dict().values()):
+            assert torch.equal(expected.view(torch.int16), actual.view(torch.int16)), name
+    publisher.close()
+
+
+def test_config_section_is_registered_and_configures_both_sides(store, isolated_plugins):
+    config = load_config({"weight_sync": {"snapshot_every_versions": 3, "delta_codec": "xor-sparse-zstd",
+                                          "apply_mode": "xor"}})
+    section = config.weight_sync
+    assert isinstance(section, WeightSyncSection) and section.keep_versions == 4
+    assert WeightSyncSection().delta_codec == DEFAULT_DELTA_CODEC == Publisher(store).delta_codec.name
+    publisher = Publisher.from_config(store, section)
+    assert publisher.delta_codec.name == "xor-sparse-zstd" and publisher.snapshot_every_versions == 3
+    engine = fresh_engine()
+    controller = Controller.from_config(store, engine, section)
+    publish(publisher, 1, 2)
+    controller.poll_once()
+    assert engine_equals(engine, state(2)) and controller.apply_mode == "xor"
+    publisher.close()
+
+
+def test_s3_publish_and_apply(s3_url):
+    store = open_store(s3_url)
+    publisher = Publisher(store, keep_versions=2, snapshot_every_versions=3)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    for version in range(1, 6):
+        publish(publisher, version)
+        controller.poll_once()
+        assert engine_equals(engine, state(version))
+    assert WeightBus(store).committed_versions() == [4, 5]
+    publisher.close()
+
+
+def test_a_failed_publish_is_retried_under_the_same_version_as_a_delta(tmp_path):
+    from relayrl.core.errors import StoreError
+    from relayrl.core.store import LocalStore
+
+    class FlakyStore(LocalStore):
+        """Fails the next object upload, as a store outage would."""
+
+        fail_next = False
+
+        def put(self, key, data, *, if_absent=False):
+            if self.fail_next and "/objects/" in key:
+                FlakyStore.fail_next = False
+                raise StoreError(f"writing object {key} failed: injected outage")
+            return super().put(key, data, if_absent=if_absent)
+
+    store = FlakyStore(f"file://{tmp_path}/bus")
+    publisher = Publisher(store, keep_versions=0)
+    publish(publisher, 1)
+    FlakyStore.fail_next = True
+    with pytest.raises(StoreError, match="injected outage"):
+        publisher.publish(state(2)).result()
+    assert publisher.next_version == 2
+    publish(publisher, 2, 3)
+    bus = WeightBus(store)
+    assert [bus.read_manifest(v).kind for v in (1, 2, 3)] == ["full", "delta", "delta"]
+    engine = fresh_engine()
+    Controller(store, engine).poll_once()
+    assert engine_equals(engine, state(3))
+    publisher.close()
+
+
+def test_a_serving_loop_holding_the_lock_never_sees_half_applied_weights(store):
+    import threading
+
+    from relayrl.weight_sync.checksum import tensor_checksum
+
+    versions = range(1, 9)
+    known = {version: {name: tensor_checksum(bits.view(np.uint8)) for name, bits in state(version).items()}
+             for version in versions}
+    known[0] = {name: tensor_checksum(np.zeros(size, np.uint16).view(np.uint8)) for name, size in SIZES.items()}
+    engine = fresh_engine()
+    seen, torn = set(), []
+    stop = threading.Event()
+
+    def serve() -> None:  # a "forward pass" reads every tensor under the serving lock
+        while not stop.is_set():
+            with engine.serving_lock:
+                sums = {name: tensor_checksum(engine.read_bits(name)) for name in SIZES}
+            matching = [version for version, expected in known.items() if expected == sums]
+            if matching:
+                seen.add(matching[0])
+            else:
+                torn.append(sums)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    publisher = Publisher(store, keep_versions=0, snapshot_every_versions=3)
+    controller = Controller(store, engine)
+    try:
+        for version in versions:
+            publish(publisher, version)
+            controller.poll_once()
+    finally:
+        stop.set()
+        server.join()
+    assert not torn, "a forward pass saw a mix of two versions"
+    assert len(seen) >= 2 and engine.pauses == len(versions)
+    publisher.close()
+
+
+def test_maybe_publish_publishes_every_k_steps(store):
+    publisher = Publisher(store, publish_every_steps=3, keep_versions=0)
+    published = [step for step in range(8) if publisher.maybe_publish(step, state(step)) is not None]
+    publisher.close()
+    bus = WeightBus(store)
+    assert published == [0, 3, 6]
+    assert [bus.read_manifest(version).step for version in bus.committed_versions()] == [0, 3, 6]
