@@ -36,6 +36,7 @@ def test_buffer_benchmark_quick_mode_runs_on_local_files_and_s3():
     assert result.returncode == 0, result.stderr
     assert "local files" in result.stdout and "S3 (moto, loopback)" in result.stdout and "ingest/read x" in result.stdout
 
+
 def _run_weight_sync_benchmark(name: str) -> str:
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks/weight_sync" / name), "--quick"],
                             capture_output=True, text=True, timeout=600)
