@@ -1,5 +1,5 @@
-"""relayrl-dualclip: dual-clip PPO as a relayrl loss plugin."""
+"""relayrl-dualclip: dual-clip PPO as a relayrl loss plugin.
 
-from relayrl_dualclip.loss import DualClipPPO
-
-__all__ = ["DualClipPPO"]
+The loss lives in :mod:`relayrl_dualclip.loss` (it imports torch); this package imports nothing
+heavy, so that loading plugins stays cheap and works where torch is absent.
+"""
