@@ -189,6 +189,14 @@ async def _serve(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(args.threads)
     engine, tokenizer = _build_engine(args)
+    controller = None
+    if args.bus:
+        from relayrl.core.store import open_store
+        from relayrl.rollout.weights import start_controller
+
+        # Keeps the weights current from the bus while serving (bootstrap, deltas, snapshots).
+        controller, stop_controller, _ = start_controller(engine, open_store(args.bus), prefix=args.weights_prefix,
+                                                          poll_interval_s=args.poll_interval)
     runner = web.AppRunner(build_app(engine, tokenizer=tokenizer, model_name=args.model))
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
@@ -200,6 +208,8 @@ async def _serve(args: argparse.Namespace) -> None:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
+    if controller is not None:
+        stop_controller.set()
     await runner.cleanup()
     await engine.close()
 
@@ -214,6 +224,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--bus", default=None, help="store URL to follow for weight updates (relayrl-weight-sync)")
+    parser.add_argument("--weights-prefix", default="weights")
+    parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between manifest polls")
     asyncio.run(_serve(parser.parse_args(argv)))
 
 

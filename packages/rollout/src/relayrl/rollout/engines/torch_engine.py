@@ -223,6 +223,12 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
         self._version = version
         self.reset_cache()
 
+    def set_served_version(self, version: int) -> None:
+        """Record the version now served, after weights were written by someone else (while paused)."""
+        if not self.paused:
+            raise RuntimeError(f"engine {self.engine_id}: pause() before set_served_version()")
+        self._version = version
+
     def reset_cache(self) -> None:
         self.cache_generation += 1
 

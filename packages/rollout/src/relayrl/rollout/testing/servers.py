@@ -12,10 +12,10 @@ import sys
 class EngineServer:
     """An engine server subprocess (python -m relayrl.rollout.engines.http)."""
 
-    def __init__(self, model_dir, engine_id: str) -> None:
+    def __init__(self, model_dir, engine_id: str, *extra_args: str) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "relayrl.rollout.engines.http", "--model", str(model_dir), "--engine-id", engine_id,
-             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+             "--port", "0", *extra_args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             env=dict(os.environ, OMP_NUM_THREADS="1"))
         line = self.process.stdout.readline()
         if not line.startswith("READY "):

@@ -1,0 +1,84 @@
+"""The torch engine kept current by relayrl-weight-sync: in process, and inside the engine server."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+
+import torch
+
+from relayrl.core.store import open_store
+from relayrl.rollout.engines.http import HttpEngine
+from relayrl.rollout.engines.torch_engine import TorchEngine
+from relayrl.rollout.protocol import GenerateRequest, SamplingParams
+from relayrl.rollout.testing import tiny_llama
+from relayrl.rollout.testing.engine_tests import recorded, replayed
+from relayrl.rollout.testing.servers import EngineServer
+from relayrl.rollout.weights import TorchEngineAdapter
+from relayrl.weight_sync import Controller, Publisher
+
+PROMPT = [1, 11, 22, 33]
+
+
+def train_a_little(model: torch.nn.Module, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(0.02 * torch.randn(parameter.shape, generator=generator))
+
+
+def generate(engine, seed=1):
+    return asyncio.run(engine.generate(GenerateRequest(request_id=f"g{seed}", prompt=PROMPT,
+                                                       params=SamplingParams(max_tokens=12, top_p=0.9, seed=seed))))
+
+
+def test_controller_updates_the_engine_in_place(tmp_path):
+    trainer_model = tiny_llama(seed=0)
+    engine = TorchEngine(copy.deepcopy(trainer_model), version=0)
+    store = open_store(str(tmp_path / "bus"))
+    publisher = Publisher(store, background=False)
+    controller = Controller(store, TorchEngineAdapter(engine), reset_caches_on_apply=True)
+
+    publisher.publish(trainer_model.state_dict()).result()
+    first = controller.poll_once()
+    assert first.version == 1 and first.route == "snapshot" and engine.served_version == 1
+
+    train_a_little(trainer_model, seed=1)
+    publisher.publish(trainer_model.state_dict()).result()
+    before = engine.cache_generation
+    second = controller.poll_once()
+    assert second.version == 2 and second.route == "delta" and second.pause_s >= 0
+    assert engine.served_version == 2 and engine.cache_generation == before + 1
+    span = generate(engine)
+    assert set(span.token_versions()) == {2}
+    torch.testing.assert_close(recorded(span), replayed(trainer_model, PROMPT, span), atol=2e-4, rtol=0)
+    assert controller.poll_once() is None  # nothing newer
+    publisher.close()
+    controller.close()
+    asyncio.run(engine.close())
+
+
+def test_engine_server_follows_the_bus(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    trainer_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True).eval()
+    bus = tmp_path / "bus"
+    server = EngineServer(tiny_model_dir, "follower", "--bus", str(bus), "--poll-interval", "0.1")
+    try:
+        publisher = Publisher(open_store(str(bus)), background=False)
+        for seed in (1, 2):
+            train_a_little(trainer_model, seed)
+            publisher.publish(trainer_model.state_dict()).result()
+        client = HttpEngine(server.url)
+        deadline = time.monotonic() + 60
+        while asyncio.run(client.health()).get("version") != 2:
+            assert time.monotonic() < deadline, "the engine server never applied version 2"
+            time.sleep(0.1)
+        span = generate(client, seed=3)
+        assert set(span.token_versions()) == {2}
+        torch.testing.assert_close(recorded(span), replayed(trainer_model, PROMPT, span), atol=2e-4, rtol=0)
+        publisher.close()
+        asyncio.run(client.close())
+    finally:
+        server.stop()
