@@ -3,80 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import string
-from collections.abc import AsyncIterator
 
 import pytest
 
-from relayrl.core.wire import TaskSpec, ToolCall, ToolResult
+from relayrl.core.wire import TaskSpec
 from relayrl.rollout.agent import AgentConfig, CodingAgent, SingleTurn
-from relayrl.rollout.chat import CharTokenizer, PlainChatFormat, parse_tool_calls
-from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams, StreamEvent
+from relayrl.rollout.chat import parse_tool_calls
+from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
-
-TOKENIZER = CharTokenizer(string.printable)
-CHAT = PlainChatFormat(TOKENIZER)
-
-
-def call(name: str, **arguments) -> str:
-    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
-
-
-class ScriptedEngine(InferenceEngine):
-    """Answers with scripted texts in order, and with a summary whenever asked to compact.
-
-    A test double for the engine, used to test the agent loop around it. It records every token
-    it emits, so the test can check the trajectory holds exactly those tokens.
-    """
-
-    engine_id = "scripted"
-
-    def __init__(self, replies: list[str], compaction_prompt: str) -> None:
-        self.replies = list(replies)
-        self.compaction_prompt = compaction_prompt
-        self.summaries = 0
-        self.emitted: list[list[int]] = []
-        self.prompts: list[list[int]] = []
-
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
-        self.prompts.append(request.prompt)
-        prompt_text = TOKENIZER.decode(request.prompt)
-        if prompt_text.rstrip().endswith(f"{self.compaction_prompt}<|end|>\n<|assistant|>"):
-            self.summaries += 1
-            text = f"summary {self.summaries}: tests located, fix pending"
-        else:
-            text = self.replies.pop(0)
-        tokens = (TOKENIZER.encode(text) + CHAT.stop_token_ids())[: request.params.max_tokens]
-        self.emitted.append(tokens)
-        for index, token in enumerate(tokens):
-            last = index == len(tokens) - 1
-            finish = ("stop" if token in request.params.stop_token_ids else "length") if last else None
-            yield StreamEvent(tokens=[token], logprobs=[-0.25], versions=[7], kept=[[token, 0]],
-                              engine_id=self.engine_id, finish_reason=finish)
-
-
-class RecordingTools:
-    """Runs `echo` and `wait` calls concurrently and records the peak concurrency."""
-
-    tool_names = ("echo", "wait")
-
-    def __init__(self) -> None:
-        self.active = 0
-        self.peak = 0
-        self.calls: list[ToolCall] = []
-
-    async def _one(self, call: ToolCall) -> ToolResult:
-        self.active += 1
-        self.peak = max(self.peak, self.active)
-        await asyncio.sleep(0.02)
-        self.active -= 1
-        return ToolResult(call_id=call.id, output=str(call.arguments.get("text", "")), wall_time_s=0.02)
-
-    async def execute(self, calls):
-        self.calls += calls
-        return list(await asyncio.gather(*(self._one(call) for call in calls)))
-
+from relayrl.rollout.testing.scripted import CHAT, TOKENIZER, RecordingTools, ScriptedEngine, call
 
 TASK = TaskSpec(task_id="t1", instruction="Fix the failing test in calc.py.")
 

@@ -1,0 +1,181 @@
+"""The rollout manager: prompts in, scored groups committed to the bus out.
+
+For each task the prompt scheduler picks, the manager runs ``group_size`` agent loops concurrently
+(each with its own tool sandbox), grades the trajectories, applies the reward shapers, tells the
+scheduler the outcome (pass-rate curriculum), and commits the group through the buffer's
+:class:`~relayrl.buffer.SegmentWriter`. Groups run concurrently up to ``max_concurrent_groups``.
+
+**Back-pressure.** The trainer writes ``progress`` on the bus after each step (the groups it has
+consumed from each producer). The manager starts no new group while it is more than
+``max_ahead_groups`` groups ahead of the trainer, so a stalled trainer does not let the fleet fill
+the bus with rollouts that will be too stale to train on.
+
+**Shutdown.** :meth:`RolloutManager.stop` (wired to SIGTERM by the runner) stops starting groups,
+cancels those in flight (their trajectories are discarded, never half-committed) and commits the
+complete groups still queued. Segments are atomic, so a kill at any moment loses at most the groups
+not yet committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Protocol
+
+import msgspec
+
+from relayrl.core.errors import ObjectNotFound
+from relayrl.core.store import Store
+from relayrl.core.wire import Group, TaskSpec, Trajectory
+from relayrl.rollout.agent import ToolExecutor
+from relayrl.rollout.chat import ChatFormat
+from relayrl.rollout.protocol import SamplingParams
+from relayrl.rollout.routing import TokenRecordingProxy
+
+__all__ = ["Grader", "RolloutManager", "read_progress", "write_progress"]
+
+PROGRESS_KEY = "progress"
+
+
+class Grader(Protocol):
+    """Scores the trajectories of one task (in an isolated grading sandbox for code tasks)."""
+
+    async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+        """The trajectories with ``reward``, ``reward_components`` and ``cheating`` filled in."""
+
+
+class Harness(Protocol):
+    async def run(self, task: TaskSpec, *, proxy: TokenRecordingProxy, tools: Any, chat: ChatFormat,
+                  sampling: SamplingParams, group_id: str, sample_index: int) -> Trajectory: ...
+
+
+ToolsFactory = Callable[[TaskSpec], contextlib.AbstractAsyncContextManager[ToolExecutor | None]]
+
+
+@contextlib.asynccontextmanager
+async def no_tools(task: TaskSpec) -> AsyncIterator[None]:
+    """The tools factory of harnesses that use none (single-turn answers)."""
+    yield None
+
+
+def write_progress(store: Store, *, step: int, version: int, consumed: dict[str, int]) -> None:
+    """Trainer side: record the step, the policy version and the groups consumed per producer."""
+    store.put(PROGRESS_KEY, json.dumps({"step": step, "version": version, "consumed": consumed}).encode())
+
+
+def read_progress(store: Store) -> dict[str, Any]:
+    """The trainer's last progress record (``{}`` before its first step)."""
+    try:
+        return json.loads(store.get(PROGRESS_KEY))
+    except ObjectNotFound:
+        return {}
+
+
+class RolloutManager:
+    """Runs groups of agent loops and commits them; see the module docstring."""
+
+    def __init__(self, *, scheduler: Any, harness: Harness, proxy: TokenRecordingProxy, chat: ChatFormat,
+                 sampling: SamplingParams, grader: Grader, writer: Any, store: Store | None = None,
+                 tools: ToolsFactory = no_tools, shapers: Sequence[Any] = (), group_size: int = 8,
+                 max_concurrent_groups: int = 4, max_ahead_groups: int = 64, progress_poll_s: float = 0.5) -> None:
+        self.scheduler = scheduler
+        self.harness = harness
+        self.proxy = proxy
+        self.chat = chat
+        self.sampling = sampling
+        self.grader = grader
+        self.writer = writer
+        self.store = store
+        self.tools = tools
+        self.shapers = list(shapers)
+        self.group_size = group_size
+        self.max_concurrent_groups = max_concurrent_groups
+        self.max_ahead_groups = max_ahead_groups
+        self.progress_poll_s = progress_poll_s
+        self.committed_groups = 0
+        self.generated_tokens = 0
+        self.started = time.monotonic()
+        self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._commit_lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------ one group
+    async def run_group(self, task: TaskSpec) -> Group:
+        """Run, grade, shape and commit one group for ``task``; return it."""
+        group_id = f"{task.task_id}/{uuid.uuid4().hex[:12]}"
+
+        async def sample(index: int) -> Trajectory:
+            async with self.tools(task) as tools:
+                return await self.harness.run(task, proxy=self.proxy, tools=tools, chat=self.chat,
+                                              sampling=self.sampling, group_id=group_id, sample_index=index)
+
+        trajectories = await asyncio.gather(*(sample(index) for index in range(self.group_size)))
+        graded = await self.grader.grade(task, trajectories)
+        group = Group(group_id=group_id, task_id=task.task_id, trajectories=list(graded), created_at=time.time())
+        step = self.trainer_step()
+        for shaper in self.shapers:
+            group = shaper(group, step=step)
+        self.scheduler.observe(group)
+        async with self._commit_lock:
+            await asyncio.get_running_loop().run_in_executor(None, self.writer.add, group)
+            self.committed_groups += 1
+            self.generated_tokens += sum(trajectory.num_generated_tokens for trajectory in group.trajectories)
+        return group
+
+    def trainer_step(self) -> int:
+        progress = read_progress(self.store) if self.store is not None else {}
+        return int(progress.get("step", 0))
+
+    def _ahead(self) -> int:
+        if self.store is None:
+            return 0
+        consumed = read_progress(self.store).get("consumed", {}).get(self.writer.producer_id, 0)
+        return self.committed_groups + self.writer.pending_groups - int(consumed)
+
+    # ------------------------------------------------------------------ the loop
+    async def run(self, *, max_groups: int | None = None) -> None:
+        """Start groups until :meth:`stop` (or ``max_groups`` have been started), then drain."""
+        slots = asyncio.Semaphore(self.max_concurrent_groups)
+        started = 0
+        try:
+            while not self._stopping.is_set() and (max_groups is None or started < max_groups):
+                await slots.acquire()
+                while self._ahead() > self.max_ahead_groups and not self._stopping.is_set():
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(self._stopping.wait(), self.progress_poll_s)
+                if self._stopping.is_set():
+                    slots.release()
+                    break
+                task = self.scheduler.next().task
+                job = asyncio.create_task(self.run_group(task))
+                self._tasks.add(job)
+                job.add_done_callback(lambda done: (self._tasks.discard(done), slots.release()))
+                started += 1
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=self._stopping.is_set())
+        finally:
+            for job in self._tasks:
+                job.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.get_running_loop().run_in_executor(None, self.writer.flush)
+
+    def stop(self) -> None:
+        """Stop starting groups; in-flight ones are cancelled, complete ones committed."""
+        self._stopping.set()
+        for job in self._tasks:
+            job.cancel()
+
+    def metrics(self) -> dict[str, float]:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        return {"fleet/groups": float(self.committed_groups), "fleet/tokens_per_s": self.generated_tokens / elapsed,
+                **self.scheduler.metrics()}
+
+
+def with_rewards(trajectory: Trajectory, reward: float, **components: float) -> Trajectory:
+    """``trajectory`` with ``reward`` and named components set (a helper for graders)."""
+    return msgspec.structs.replace(trajectory, reward=reward,
+                                   reward_components={**trajectory.reward_components, **components})
