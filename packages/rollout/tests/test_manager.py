@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
@@ -46,8 +47,6 @@ def test_manager_commits_groups_whose_segments_hold_exactly_the_engine_tokens(tm
 
     async def tools_factory(task):
         yield tools
-
-    import contextlib
 
     tasks = [TaskSpec(task_id="fix-calc", instruction="Fix the failing test in calc.py.")]
     shaper = AlternatingLengthPenalty(AlternatingLengthPenalty.Config(schedule=[Phase(kind="budget", steps=10)],
