@@ -27,7 +27,7 @@ import torch.distributed as dist
 from relayrl.algo.config import AlgoSection
 from relayrl.algo.optim import partition_parameters
 from relayrl.core.wire import Group
-from relayrl.trainer.batch import build_sequences, split_by_token_budget
+from relayrl.trainer.batch import split_by_token_budget
 from relayrl.trainer.config import TrainerSection
 from relayrl.trainer.objective import BatchObjective
 from relayrl_deepspeed.config import DeepSpeedSection
@@ -102,12 +102,8 @@ class DeepSpeedTrainer:
     def accumulate_gradients(self, groups: Sequence[Group]) -> dict[str, float]:
         """Forward and backward over this rank's share of ``groups``; gradients reduced at the boundary."""
         self.engine.train()
-        batch = build_sequences(groups)
-        advantage = self.objective.advantage(batch.rewards(), batch.group_ids)
-        sequence_advantages = advantage.advantages[batch.sequence_trajectory]
-        staleness = batch.staleness(self.version)
-        denominator = self.objective.denominator(batch)
-        parts = split_by_token_budget(batch, self.config.micro_batch_tokens)
+        prepared = self.objective.prepare(groups, self.version)
+        parts = split_by_token_budget(prepared.batch, self.config.micro_batch_tokens)
         mine = parts[self.rank::self.world]
         passes = -(-len(parts) // self.world)  # every rank runs the same number of passes
         sums: Counter[str] = Counter()
@@ -117,10 +113,11 @@ class DeepSpeedTrainer:
             self.engine.set_gradient_accumulation_boundary(index == passes - 1)
             logits = self.engine(input_ids=micro.input_ids.to(self.engine.device),
                                  attention_mask=micro.attention_mask.to(self.engine.device)).logits
-            loss = self.objective.micro_loss(logits.float(), micro, sequence_advantages[rows], staleness[rows],
-                                             denominator, sums if real else Counter())
+            loss = self.objective.micro_loss(logits.float(), micro, prepared.sequence_advantages[rows],
+                                             prepared.staleness[rows], prepared.denominator, sums if real else Counter())
             self.engine.backward(loss * (self.world if real else 0.0), scale_wrt_gas=False)
-        return self.objective.metrics(batch, advantage.metrics, staleness, self._all_reduce(sums))
+        return self.objective.metrics(prepared.batch, prepared.advantage_metrics, prepared.staleness,
+                                      self._all_reduce(sums))
 
     def step(self, groups: Sequence[Group]) -> dict[str, float]:
         """One optimiser step over ``groups`` (every rank passes the same groups)."""

@@ -9,7 +9,9 @@ entropy bonus, and the per-step metrics.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,9 +21,24 @@ from relayrl.algo.correction import MismatchInputs
 from relayrl.algo.losses import LossInputs
 from relayrl.algo.monitors import behaviour_metrics
 from relayrl.algo.sampling import full_entropy, replay_logprobs
-from relayrl.trainer.batch import SequenceBatch
+from relayrl.core.wire import Group
+from relayrl.trainer.batch import SequenceBatch, build_sequences
 
-__all__ = ["BatchObjective"]
+__all__ = ["BatchObjective", "PreparedBatch"]
+
+
+@dataclasses.dataclass
+class PreparedBatch:
+    """A batch laid out for training, with what every micro-batch needs from the whole of it."""
+
+    batch: SequenceBatch
+    sequence_advantages: torch.Tensor
+    """``[S]``: the advantage of each sequence's trajectory."""
+    staleness: torch.Tensor
+    """``[S]``: trainer version minus each sequence's oldest token version."""
+    denominator: float
+    """The loss's global normaliser over the whole batch."""
+    advantage_metrics: dict[str, float]
 
 
 class BatchObjective:
@@ -35,6 +52,14 @@ class BatchObjective:
                                 algo.correction_options, pm=pm, path="algo.correction")
         self.temperature = algo.sampling.temperature
         self.entropy_coef = entropy_coef
+
+    def prepare(self, groups: Sequence[Group], version: int) -> PreparedBatch:
+        """Lay ``groups`` out and compute advantages, staleness and the global denominator."""
+        batch = build_sequences(groups)
+        advantage = self.advantage(batch.rewards(), batch.group_ids)
+        return PreparedBatch(batch=batch, sequence_advantages=advantage.advantages[batch.sequence_trajectory],
+                             staleness=batch.staleness(version), denominator=self.denominator(batch),
+                             advantage_metrics=advantage.metrics)
 
     def denominator(self, batch: SequenceBatch) -> float:
         """The global normaliser of the loss's aggregation over the whole batch (all micro-batches, all ranks)."""

@@ -28,7 +28,7 @@ import torch
 from relayrl.algo.config import AlgoSection
 from relayrl.algo.optim import build_optimizer
 from relayrl.core.wire import Group
-from relayrl.trainer.batch import build_sequences, split_by_token_budget
+from relayrl.trainer.batch import split_by_token_budget
 from relayrl.trainer.config import TrainerSection
 from relayrl.trainer.objective import BatchObjective
 
@@ -80,14 +80,10 @@ class TorchTrainer:
     def accumulate_gradients(self, groups: Sequence[Group]) -> dict[str, float]:
         """Forward and backward over ``groups`` into ``.grad`` (no optimiser step); return metrics."""
         self.model.train()
-        batch = build_sequences(groups)
-        advantage = self.objective.advantage(batch.rewards(), batch.group_ids)
-        sequence_advantages = advantage.advantages[batch.sequence_trajectory]
-        staleness = batch.staleness(self.version)
-        denominator = self.objective.denominator(batch)
+        prepared = self.objective.prepare(groups, self.version)
         sums: Counter[str] = Counter()
-        for rows, micro in split_by_token_budget(batch, self.config.micro_batch_tokens):
+        for rows, micro in split_by_token_budget(prepared.batch, self.config.micro_batch_tokens):
             logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
-            self.objective.micro_loss(logits, micro, sequence_advantages[rows], staleness[rows], denominator,
-                                      sums).backward()
-        return self.objective.metrics(batch, advantage.metrics, staleness, sums)
+            self.objective.micro_loss(logits, micro, prepared.sequence_advantages[rows], prepared.staleness[rows],
+                                      prepared.denominator, sums).backward()
+        return self.objective.metrics(prepared.batch, prepared.advantage_metrics, prepared.staleness, sums)
