@@ -63,3 +63,10 @@ def test_weight_sync_end_to_end_benchmark_quick_mode_runs_file_and_s3():
 def test_weight_sync_bootstrap_benchmark_quick_mode_compares_replay_with_a_snapshot():
     out = _run_weight_sync_benchmark("bootstrap.py")
     assert "snapshot + 24 deltas" in out and "one full snapshot" in out
+
+
+def test_checkpoint_benchmark_quick_mode_runs():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/checkpoint.py"), "--quick"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "save: trainer blocked" in result.stdout and "recover from peer" in result.stdout
