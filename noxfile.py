@@ -54,20 +54,27 @@ def _requirement_name(requirement: str) -> str:
     return name.strip().lower()
 
 
-def local_closure(folder: Path, extras: tuple[str, ...] = ()) -> list[Path]:
-    """The local folders ``folder`` needs (its own included), dependencies first."""
+def local_closure(folder: Path, extras: tuple[str, ...] = (), *, deep: bool = False) -> list[Path]:
+    """The local folders ``folder`` needs (its own included), dependencies first.
+
+    ``extras`` are followed for ``folder``; with ``deep`` also for every dependency (a session that
+    installs every package with its ``testing`` extra needs those extras' local dependencies first).
+    """
     folders = _folders()
     order: list[Path] = []
 
+    visiting: set[Path] = set()
+
     def visit(current: Path, current_extras: tuple[str, ...]) -> None:
+        visiting.add(current)
         project = _project(current)
         requirements = list(project.get("dependencies", []))
         for extra in current_extras:
             requirements += project.get("optional-dependencies", {}).get(extra, [])
         for requirement in requirements:
             dependency = folders.get(_requirement_name(requirement))
-            if dependency is not None and dependency not in order and dependency != current:
-                visit(dependency, ())
+            if dependency is not None and dependency not in order and dependency not in visiting:
+                visit(dependency, extras if deep else ())
         if current not in order:
             order.append(current)
 
@@ -138,7 +145,7 @@ def integration(session: nox.Session) -> None:
     """Cross-package checks: layout rules, docs coverage of hookspecs, fresh installs, benchmark smoke runs."""
     ordered: list[Path] = []  # dependencies before dependents: pip resolves local paths in order
     for folder in _folders().values():
-        ordered += [path for path in local_closure(folder, ("testing",)) if path not in ordered]
+        ordered += [path for path in local_closure(folder, ("testing",), deep=True) if path not in ordered]
     targets = []
     for folder in ordered:
         has_testing = "testing" in _project(folder).get("optional-dependencies", {})
