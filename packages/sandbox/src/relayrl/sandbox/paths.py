@@ -79,9 +79,10 @@ def open_beneath(root: str, path: str, flags: int, mode: int = 0o644, *,
         if exc.errno == 21:
             raise SandboxError(f"{path}: is a directory") from None
         raise SandboxError(f"{path}: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
         os.close(fd)
-        raise SandboxError(f"{path}: not a regular file")
+        raise SandboxError(f"{path}: {'is a directory' if stat.S_ISDIR(mode) else 'not a regular file'}")
     if owner is not None and flags & os.O_CREAT:
         os.fchown(fd, *owner)
     return fd

@@ -3,13 +3,14 @@
 As root (the usual case on RL workers) a command runs as::
 
     unshare --net --pid --fork --kill-child --mount --mount-proc --propagation private --
-      /bin/sh -c 'mount -o remount,bind,ro / && mount -t tmpfs ... /tmp && ... && exec "$@"'
+      /bin/sh -c 'mount -o remount,bind,ro / && mount -t tmpfs ... /tmp && ... && "$@"'
         prlimit --cpu=.. --fsize=.. --nofile=.. --nproc=.. [--as=..] --
           setpriv --reuid=U --regid=U --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
             /bin/bash -c COMMAND
 
-i.e. no network but its own loopback, its own PID namespace (so the command is PID 1's child and
-its death, or ``unshare``'s, kills every process in it), a read-only view of the host with private
+i.e. no network but its own (down) loopback, its own PID namespace whose init is the set-up shell
+(when the command returns the shell exits, and the kernel kills every process left in the
+namespace; ``--kill-child`` does the same when ``unshare`` is killed), a read-only view of the host with private
 /tmp, /var/tmp and /dev/shm, hard rlimits, and a per-sandbox uid without capabilities, so that it can
 neither undo the mounts nor write anything on the host but its workspace. Without root it falls
 back to a user namespace for the network and PID namespaces and reports the rest as missing.
@@ -78,7 +79,10 @@ class ProcessBackend(LocalBackend):
             "mount -o remount,bind,ro /",
             *(f"mount -t tmpfs -o size={tmp_size},mode=1777,nosuid,nodev tmpfs {shlex.quote(path)}"
               for path in ("/tmp", "/var/tmp", "/dev/shm")),
-            'exec "$@"',
+            # Not exec: this shell stays PID 1 of the namespace and reports a signal death as
+            # 128+N (unshare 2.38 turns it into 1), and the command does not run as an init
+            # that the kernel protects from its own signals.
+            '"$@"',
         ])
         return ["unshare", *namespaces, "--", "/bin/sh", "-c", setup, "relayrl-setup", *command]
 

@@ -1,0 +1,57 @@
+"""The built-in ``process`` backend passes the sandbox conformance suite."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.sandbox.api import SandboxUnavailable
+from relayrl.sandbox.host import host_support
+from relayrl.sandbox.process import ProcessBackend
+from relayrl.sandbox.testing import SandboxTests
+
+
+def _backend(**kwargs) -> ProcessBackend:
+    try:
+        return ProcessBackend(**kwargs)
+    except SandboxUnavailable as exc:  # pragma: no cover - depends on the host
+        pytest.skip(f"process backend unavailable on this host: {exc}")
+
+
+class TestProcessBackend(SandboxTests):
+    @pytest.fixture
+    def backend(self):
+        return _backend(limits=self.limits)
+
+
+def test_missing_capability_refuses_to_start_with_the_reason(monkeypatch):
+    class NoCgroups(ProcessBackend):
+        def probe(self, support):
+            provided, reasons = super().probe(support)
+            provided -= {"memory-limit", "process-limit"}
+            reasons["memory-limit"] = reasons["process-limit"] = "cgroups hidden by this test"
+            return provided, reasons
+
+    with pytest.raises(SandboxUnavailable, match=r"memory-limit .*cgroups hidden by this test"):
+        NoCgroups(require=["memory-limit"])
+    assert "memory-limit" not in NoCgroups(require=[]).capabilities()
+
+
+def test_network_host_is_an_explicit_choice_and_drops_network_none():
+    backend = _backend(network="host", require=[])
+    assert "network-none" not in backend.capabilities()
+    with pytest.raises(SandboxUnavailable, match="network-none"):
+        ProcessBackend(network="host", require=["network-none"])
+
+
+def test_capabilities_match_the_host_probe():
+    support = host_support()
+    backend = _backend(require=[])
+    assert ("memory-limit" in backend.capabilities()) == (support.cgroup is not None)
+    assert ("pid-isolation" in backend.capabilities()) == support.namespaces
+
+
+def test_root_under_a_private_mount_is_refused(tmp_path):
+    from relayrl.sandbox.api import SandboxError
+
+    with pytest.raises(SandboxError, match="private"):
+        ProcessBackend(root=str(tmp_path / "sandboxes"), require=[])
