@@ -10,3 +10,21 @@ def _builtin_plugins_only(monkeypatch):
     reset_plugin_manager()
     yield
     reset_plugin_manager()
+
+
+@pytest.fixture
+def backend():
+    """A process backend with whatever isolation this host allows (tests needing more skip by capability)."""
+    from relayrl.sandbox.api import Limits
+    from relayrl.sandbox.process import ProcessBackend
+
+    return ProcessBackend(limits=Limits(wall_time_s=30, cpu_time_s=20, memory_bytes=512 * 1024**2,
+                                        disk_bytes=64 * 1024**2), require=[])
+
+
+@pytest.fixture
+def tasks():
+    """The shipped bug-fix tasks by id."""
+    from relayrl.sandbox.tasks import shipped_tasks
+
+    return {task.task_id: task for task in shipped_tasks()}

@@ -123,7 +123,10 @@ class ToolBox:
         selected = lines[start_line - 1:end_line]
         width = len(str(start_line + len(selected)))
         text = "".join(f"{number:>{width}}\t{line}\n" for number, line in enumerate(selected, start_line))
-        return (*self._cut(text),) if text else (f"({path} has {len(lines)} lines)\n", 0, False)
+        if not text:
+            return f"({path} has {len(lines)} lines)\n", 0, False
+        text, truncated = self._cut(text)
+        return text, 0, truncated
 
     def write_file(self, path: str, content: str) -> tuple[str, int, bool]:
         self.sandbox.write_file(path, content)
