@@ -15,12 +15,24 @@ from relayrl.core.wire import TaskSpec
 
 __all__ = ["f1_score", "grade_code_search", "parse_file_answer"]
 
-_PATH = re.compile(r"[\w.\-]+(?:/[\w.\-]+)*\.\w+|[\w\-]+(?:/[\w.\-]+)+")
+_TOKEN = re.compile(r"[\w.\-/]+")
+_EXTENSIONS = {"py", "pyi", "md", "rst", "txt", "toml", "cfg", "ini", "json", "yaml", "yml", "js", "ts", "c", "h",
+               "cc", "cpp", "hpp", "rs", "go", "java", "sh", "sql", "html", "css", "lock"}
 
 
 def parse_file_answer(text: str) -> set[str]:
-    """File paths named in ``text`` (``./`` and backticks removed)."""
-    return {match.removeprefix("./") for match in _PATH.findall(text.replace("`", " "))}
+    """File paths named in ``text``: tokens with a ``/`` or a source-file extension (``./`` removed).
+
+    ``os.environ.get`` in a pasted grep line is not a file; ``setup.py`` and ``shop/api.py`` are.
+    """
+    paths = set()
+    for token in _TOKEN.findall(text.replace("`", " ")):
+        token = token.rstrip(".")
+        token = token[2:] if token.startswith("./") else token
+        extension = token.rsplit(".", 1)[-1] if "." in token.rsplit("/", 1)[-1] else ""
+        if extension in _EXTENSIONS:
+            paths.add(token)
+    return paths
 
 
 def f1_score(predicted: Iterable[str], truth: Iterable[str]) -> float:
