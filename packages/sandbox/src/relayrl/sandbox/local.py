@@ -94,8 +94,8 @@ class LocalBackend(SandboxBackend):
         """``(capabilities, reasons for the missing ones)`` on a host with ``support``."""
         raise NotImplementedError
 
-    def wrap(self, sandbox: LocalSandbox, argv: Sequence[str]) -> list[str]:
-        """The argv that runs ``argv`` isolated inside ``sandbox``."""
+    def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str) -> list[str]:
+        """The argv that runs ``argv`` isolated inside ``sandbox``, in directory ``cwd`` (absolute)."""
         raise NotImplementedError
 
     # -------------------------------------------------------------------------- shared
@@ -217,7 +217,7 @@ class LocalSandbox(Sandbox):
         command_cgroup = self.cgroup.command() if self.cgroup else None
         oom_before = self.cgroup.oom_kills() if self.cgroup else 0
         try:
-            result = run_wrapped(self.backend.wrap(self, argv), limits=self.limits, timeout=timeout,
+            result = run_wrapped(self.backend.wrap(self, argv, str(directory)), limits=self.limits, timeout=timeout,
                                  env=environment, cwd=str(directory), cgroup=command_cgroup, stdin=data)
         finally:
             if command_cgroup is not None:

@@ -64,7 +64,7 @@ class ProcessBackend(LocalBackend):
             reasons["tree-kill"] = "needs a PID namespace or a cgroup"
         return provided, reasons
 
-    def wrap(self, sandbox: LocalSandbox, argv: Sequence[str]) -> list[str]:
+    def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str) -> list[str]:
         capabilities = self.capabilities()
         command = ["prlimit", *self.rlimit_args(), "--", *self._drop_privileges(sandbox), *argv]
         if "pid-isolation" not in capabilities:
