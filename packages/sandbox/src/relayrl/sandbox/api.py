@@ -23,6 +23,7 @@ import abc
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+
 import msgspec
 
 from relayrl.core.errors import RelayrlError

@@ -18,8 +18,8 @@ import contextlib
 import dataclasses
 import os
 import random
-import stat
 import shutil
+import stat
 import subprocess
 import threading
 import uuid

@@ -1,5 +1,7 @@
 import unittest
+
 from search.bisect_search import find
+
 
 class TestFindHidden(unittest.TestCase):
     def test_last_and_first(self):

@@ -1,5 +1,7 @@
 import unittest
+
 from search.bisect_search import find
+
 
 class TestFind(unittest.TestCase):
     def test_absent(self):

@@ -1,5 +1,7 @@
 import unittest
+
 from collections_extra.chunks import chunks
+
 
 class TestChunks(unittest.TestCase):
     def test_even(self):

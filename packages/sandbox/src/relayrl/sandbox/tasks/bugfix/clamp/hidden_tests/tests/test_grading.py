@@ -1,5 +1,7 @@
 import unittest
+
 from mathutil.clamp import clamp
+
 
 class TestClampHidden(unittest.TestCase):
     def test_inside(self):

@@ -1,5 +1,7 @@
 import unittest
+
 from mathutil.clamp import clamp
+
 
 class TestClamp(unittest.TestCase):
     def test_below(self):

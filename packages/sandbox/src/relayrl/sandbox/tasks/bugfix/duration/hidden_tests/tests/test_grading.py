@@ -1,5 +1,7 @@
 import unittest
+
 from timeutil.duration import parse_duration
+
 
 class TestDurationHidden(unittest.TestCase):
     def test_minutes(self):

@@ -1,5 +1,7 @@
 import unittest
+
 from timeutil.duration import parse_duration
+
 
 class TestDuration(unittest.TestCase):
     def test_seconds(self):

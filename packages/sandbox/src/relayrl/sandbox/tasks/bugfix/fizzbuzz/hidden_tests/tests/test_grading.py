@@ -1,5 +1,7 @@
 import unittest
+
 from games.fizzbuzz import fizzbuzz
+
 
 class TestFizzBuzzHidden(unittest.TestCase):
     def test_fizzbuzz(self):

@@ -1,5 +1,7 @@
 import unittest
+
 from games.fizzbuzz import fizzbuzz
+
 
 class TestFizzBuzz(unittest.TestCase):
     def test_fizz(self):

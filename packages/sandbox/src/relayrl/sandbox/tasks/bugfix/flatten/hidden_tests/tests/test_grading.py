@@ -1,5 +1,7 @@
 import unittest
+
 from collections_extra.flatten import flatten
+
 
 class TestFlattenHidden(unittest.TestCase):
     def test_deep(self):

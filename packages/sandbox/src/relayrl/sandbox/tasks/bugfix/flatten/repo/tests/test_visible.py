@@ -1,5 +1,7 @@
 import unittest
+
 from collections_extra.flatten import flatten
+
 
 class TestFlatten(unittest.TestCase):
     def test_one_level(self):

@@ -1,5 +1,7 @@
 import unittest
+
 from calendar_extra.leap import is_leap_year
+
 
 class TestLeapHidden(unittest.TestCase):
     def test_centuries(self):

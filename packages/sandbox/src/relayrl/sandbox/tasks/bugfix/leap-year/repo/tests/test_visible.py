@@ -1,5 +1,7 @@
 import unittest
+
 from calendar_extra.leap import is_leap_year
+
 
 class TestLeap(unittest.TestCase):
     def test_ordinary(self):

@@ -1,5 +1,7 @@
 import unittest
+
 from stats.median import median
+
 
 class TestMedianHidden(unittest.TestCase):
     def test_even(self):

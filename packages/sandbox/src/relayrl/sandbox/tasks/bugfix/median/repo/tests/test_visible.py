@@ -1,5 +1,7 @@
 import unittest
+
 from stats.median import median
+
 
 class TestMedian(unittest.TestCase):
     def test_odd(self):

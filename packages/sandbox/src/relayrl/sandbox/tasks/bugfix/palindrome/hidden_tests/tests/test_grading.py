@@ -1,5 +1,7 @@
 import unittest
+
 from textutil.palindrome import is_palindrome
+
 
 class TestPalindromeHidden(unittest.TestCase):
     def test_case(self):

@@ -1,5 +1,7 @@
 import unittest
+
 from numerals.roman import to_roman
+
 
 class TestRoman(unittest.TestCase):
     def test_simple(self):

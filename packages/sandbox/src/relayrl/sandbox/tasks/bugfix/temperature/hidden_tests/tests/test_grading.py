@@ -1,5 +1,7 @@
 import unittest
+
 from units.temperature import celsius_to_fahrenheit
+
 
 class TestTemperatureHidden(unittest.TestCase):
     def test_points(self):

@@ -1,5 +1,7 @@
 import unittest
+
 from units.temperature import celsius_to_fahrenheit
+
 
 class TestTemperature(unittest.TestCase):
     def test_type(self):

@@ -1,5 +1,7 @@
 import unittest
+
 from textutil.words import word_count
+
 
 class TestWordsHidden(unittest.TestCase):
     def test_newlines_and_tabs(self):

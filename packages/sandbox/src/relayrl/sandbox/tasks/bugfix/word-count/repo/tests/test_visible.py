@@ -1,5 +1,7 @@
 import unittest
+
 from textutil.words import word_count
+
 
 class TestWords(unittest.TestCase):
     def test_spaces(self):
