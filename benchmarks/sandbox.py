@@ -30,7 +30,7 @@ from pathlib import Path
 
 def percentile(values: list[float], fraction: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(fraction * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
 def measure(call, calls: int, parallel_turns: int, run_turn) -> dict[str, float]:

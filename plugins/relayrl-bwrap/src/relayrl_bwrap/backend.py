@@ -56,12 +56,16 @@ class BwrapBackend(LocalBackend):
     def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str) -> list[str]:
         tmp_size = str(min(self.limits.disk_bytes, self.limits.memory_bytes))
         workdir = str(sandbox.workdir)
+        hidden_directories, hidden_files = self.masks(sandbox)
+        masks = [*(arg for path in hidden_directories for arg in ("--tmpfs", path)),
+                 *(arg for path in hidden_files for arg in ("--ro-bind", "/dev/null", path))]
         bwrap = ["bwrap", *_BASE,
                  "--size", tmp_size, "--tmpfs", "/tmp", "--size", tmp_size, "--tmpfs", "/var/tmp",
                  # Other sandboxes, graders included, disappear under an empty tmpfs ...
                  "--tmpfs", str(self.root),
                  # ... and only this workspace comes back, writable.
                  "--bind", workdir, workdir, "--chdir", cwd,
+                 *masks,
                  "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                  "--hostname", "sandbox", "--cap-drop", "ALL"]
         if self.network == "host":

@@ -167,8 +167,12 @@ class SandboxBackend(abc.ABC):
         """The :data:`CAPABILITIES` this backend provides on this host (probed, cached)."""
 
     @abc.abstractmethod
-    def create(self, workspace: str | Path | None = None) -> Sandbox:
-        """A new sandbox whose workspace is a private copy of directory ``workspace`` (or empty)."""
+    def create(self, workspace: str | Path | None = None, *, hide: Iterable[str | Path] = ()) -> Sandbox:
+        """A new sandbox whose workspace is a private copy of directory ``workspace`` (or empty).
+
+        ``hide``: host paths its commands must not see (a task's hidden tests and gold patch), in
+        addition to the backend's own list; directories appear empty, files empty.
+        """
 
 
 def require_capabilities(backend_name: str, provided: Iterable[str], required: Iterable[str],

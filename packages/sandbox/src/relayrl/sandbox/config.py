@@ -54,6 +54,8 @@ class SandboxSection(Section, kw_only=True):
     """Capabilities the backend must provide on this host, or refuse to start (default: all of them)."""
     root: str = ""
     """Directory sandboxes are created in; empty: ``RELAYRL_SANDBOX_ROOT`` or ``/var/lib/relayrl-sandbox``."""
+    hide_paths: list[str] = []
+    """Host paths no command may see (task data: hidden tests, gold patches); the shipped tasks always are."""
     limits: Limits = Limits()
     """Per-sandbox resource limits (see :class:`relayrl.sandbox.api.Limits`)."""
     max_parallel_tools: int = 8
@@ -117,6 +119,6 @@ def open_backend(name: str | None = None, *, section: SandboxSection | None = No
     section = section or SandboxSection()
     record = lookup(pm, "relayrl_sandbox_backends", name or section.backend, kind="sandbox backend")
     options: dict[str, Any] = {"limits": section.limits, "require": section.require, "network": section.network,
-                               "root": section.root or None}
+                               "root": section.root or None, "hide_paths": section.hide_paths}
     options.update(overrides)
     return record.factory(**options)

@@ -16,7 +16,7 @@ from relayrl.core.plugins import Registration, hookspec
 def relayrl_sandbox_backends() -> Iterable[Registration[Any]]:
     """Sandbox backends, selected by ``[sandbox] backend = NAME``.
 
-    ``factory(*, limits: Limits, require: Iterable[str], network: str, root: str | None)`` returns a
+    ``factory(*, limits: Limits, require: Iterable[str], network: str, root: str | None, hide_paths: list[str])`` returns a
     :class:`relayrl.sandbox.api.SandboxBackend`. It must refuse to start (raise
     :class:`relayrl.sandbox.api.SandboxUnavailable`) when the host cannot provide a required
     capability, and pass ``relayrl.sandbox.testing.SandboxTests``. Built in: ``process``.

@@ -41,6 +41,8 @@ from relayrl.sandbox.paths import read_beneath, relative_parts, walk_beneath, wr
 
 __all__ = ["DEFAULT_ROOT", "UID_RANGE", "LocalBackend", "LocalSandbox", "default_root"]
 
+SHIPPED_TASKS = str(Path(__file__).resolve().parent / "tasks")
+
 DEFAULT_ROOT = "/var/lib/relayrl-sandbox"
 """Where sandboxes live when running as root (``RELAYRL_SANDBOX_ROOT`` overrides). Not under /tmp:
 commands get a private /tmp, which would hide a workspace below it."""
@@ -71,7 +73,7 @@ class LocalBackend(SandboxBackend):
     name = "local"
 
     def __init__(self, *, limits: Limits | None = None, require: Iterable[str] = (), network: str = "none",
-                 root: str | None = None) -> None:
+                 root: str | None = None, hide_paths: Iterable[str] = ()) -> None:
         if network not in ("none", "host"):
             raise SandboxError(f"network must be 'none' or 'host', got {network!r}")
         self.limits = limits or Limits()
@@ -81,6 +83,9 @@ class LocalBackend(SandboxBackend):
             if self.root == Path(private) or Path(private) in self.root.parents:
                 raise SandboxError(f"sandbox root {self.root} is under {private}, which commands see as a private "
                                    f"mount; choose another root ([sandbox] root or RELAYRL_SANDBOX_ROOT)")
+        # The shipped tasks live in site-packages, world-readable: their hidden tests and gold
+        # patches must never be readable from a sandbox.
+        self.hide_paths = [str(Path(path).resolve()) for path in (*hide_paths, SHIPPED_TASKS)]
         self.support: HostSupport = host_support()
         provided, self.reasons = self.probe(self.support)
         if network == "host":
@@ -114,8 +119,25 @@ class LocalBackend(SandboxBackend):
             args.append(f"--nproc={limits.max_processes}")  # per uid; the uid is this sandbox's own
         return args
 
-    def create(self, workspace: str | Path | None = None) -> LocalSandbox:
-        return LocalSandbox(self, workspace)
+    def create(self, workspace: str | Path | None = None, *, hide: Iterable[str | Path] = ()) -> LocalSandbox:
+        return LocalSandbox(self, workspace, hide=hide)
+
+    def masks(self, sandbox: LocalSandbox) -> tuple[list[str], list[str]]:
+        """``(directories, files)`` to mask in ``sandbox``'s view of the host (existing paths only).
+
+        A path below a masked directory is dropped: it is already invisible, and mounting on it
+        would fail once its parent is covered.
+        """
+        directories: list[str] = []
+        files: list[str] = []
+        for path in sorted(set(self.hide_paths) | set(sandbox.hide), key=lambda item: (item.count("/"), item)):
+            if any(path == directory or path.startswith(directory + "/") for directory in directories):
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                directories.append(path)
+            elif os.path.lexists(path):
+                files.append(path)
+        return directories, files
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(capabilities={sorted(self._capabilities)})"
@@ -145,8 +167,9 @@ class _UidClaim:
 class LocalSandbox(Sandbox):
     """A sandbox on this host; see the module docstring for what it sets up."""
 
-    def __init__(self, backend: LocalBackend, workspace: str | Path | None) -> None:
+    def __init__(self, backend: LocalBackend, workspace: str | Path | None, *, hide: Iterable[str | Path] = ()) -> None:
         self.backend = backend
+        self.hide = [str(Path(path).resolve()) for path in hide]
         self.limits = backend.limits
         self.id = uuid.uuid4().hex[:16]
         self.directory = backend.root / self.id

@@ -75,10 +75,13 @@ class ProcessBackend(LocalBackend):
         if not self.support.root:
             return ["unshare", "--user", "--map-root-user", *namespaces, "--", *command]
         tmp_size = min(self.limits.disk_bytes, self.limits.memory_bytes)
+        hidden_directories, hidden_files = self.masks(sandbox)
         setup = " && ".join([
             "mount -o remount,bind,ro /",
             *(f"mount -t tmpfs -o size={tmp_size},mode=1777,nosuid,nodev tmpfs {shlex.quote(path)}"
               for path in ("/tmp", "/var/tmp", "/dev/shm")),
+            *(f"mount -t tmpfs -o size=4k,mode=0555 tmpfs {shlex.quote(path)}" for path in hidden_directories),
+            *(f"mount --bind /dev/null {shlex.quote(path)}" for path in hidden_files),
             # Not exec: this shell stays PID 1 of the namespace and reports a signal death as
             # 128+N (unshare 2.38 turns it into 1), and the command does not run as an init
             # that the kernel protects from its own signals.

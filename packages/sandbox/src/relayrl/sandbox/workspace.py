@@ -27,8 +27,8 @@ from relayrl.core.wire import TaskSpec
 from relayrl.sandbox.api import SandboxError
 from relayrl.sandbox.paths import walk_beneath
 
-__all__ = ["GIT_ENV", "INITIAL_COMMIT_MESSAGE", "apply_patch_locally", "matches_any", "prepare_workspace",
-           "strip_artifacts", "workspace_diff"]
+__all__ = ["GIT_ENV", "INITIAL_COMMIT_MESSAGE", "apply_patch_locally", "hidden_test_paths", "matches_any",
+           "prepare_workspace", "strip_artifacts", "task_private_paths", "workspace_diff"]
 
 INITIAL_COMMIT_MESSAGE = "initial state"
 
@@ -111,6 +111,20 @@ def hidden_test_paths(task: TaskSpec) -> list[str]:
     if not root.is_dir():
         raise SandboxError(f"task {task.task_id}: hidden_tests {root} is not a directory")
     return [relative for relative, info in walk_beneath(str(root)) if not stat.S_ISDIR(info.st_mode)]
+
+
+def task_private_paths(task: TaskSpec) -> list[str]:
+    """Host paths of a task that its agent must not see: hidden tests, and a task folder's other files.
+
+    For a task folder (``task.json`` next to ``repo/``), everything in the folder except the
+    workspace (the gold patch, notes, the hidden tests).
+    """
+    paths = [task.hidden_tests] if task.hidden_tests else []
+    if task.workspace and Path(task.workspace).is_dir():
+        folder = Path(task.workspace).resolve().parent
+        if (folder / "task.json").is_file():
+            paths += [str(entry) for entry in folder.iterdir() if entry.resolve() != Path(task.workspace).resolve()]
+    return paths
 
 
 def prepare_workspace(task: TaskSpec, destination: str | Path, *, reference_globs: Iterable[str] = ()) -> list[str]:

@@ -20,7 +20,7 @@ from relayrl.core.wire import TaskSpec, ToolCall, Trajectory, TrajectorySegment,
 from relayrl.sandbox.api import SandboxBackend
 from relayrl.sandbox.config import DEFAULT_REFERENCE_GLOBS
 from relayrl.sandbox.tools import ToolBox
-from relayrl.sandbox.workspace import prepare_workspace, workspace_diff
+from relayrl.sandbox.workspace import prepare_workspace, task_private_paths, workspace_diff
 
 __all__ = ["ScriptedAgent", "call"]
 
@@ -44,7 +44,7 @@ class ScriptedAgent:
         with tempfile.TemporaryDirectory(prefix="relayrl-agent-") as temp:
             pristine = Path(temp) / "pristine"
             prepare_workspace(task, pristine, reference_globs=self.reference_globs)
-            with backend.create(pristine) as sandbox:
+            with backend.create(pristine, hide=task_private_paths(task)) as sandbox:
                 toolbox = ToolBox(sandbox)
                 turns = [Turn(role="user", text=task.instruction)]
                 for calls in self.turns:

@@ -23,6 +23,7 @@ property the backend does not claim on this host is skipped by capability, sayin
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import threading
@@ -417,6 +418,29 @@ class SandboxTests:
             path = Path(grader.workdir) / "tests" / "test_hidden.py"
             result = sandbox.exec(f"cat {path}; ls {grader.workdir}")
         assert "the hidden tests" not in result.stdout and result.exit_status != 0
+
+    def test_hostile_reading_hidden_task_data_fails(self, backend, seed):
+        self.requires(backend, "readonly-system")
+        # World-readable and outside the private /tmp, like task data in site-packages.
+        task = (Path("/var/lib") if os.geteuid() == 0 else Path.home()) / f"relayrl-task-{uuid.uuid4().hex}"
+        (task / "hidden_tests").mkdir(parents=True)
+        try:
+            (task / "hidden_tests" / "test_secret.py").write_text("HIDDEN TEST\n")
+            (task / "gold.patch").write_text("GOLD PATCH\n")
+            task.chmod(0o755)
+            with backend.create(seed, hide=[task / "hidden_tests", task / "gold.patch"]) as sandbox:
+                result = sandbox.exec(f"cat {task}/hidden_tests/test_secret.py {task}/gold.patch; ls -R {task}")
+        finally:
+            shutil.rmtree(task)
+        assert "HIDDEN TEST" not in result.stdout and "GOLD PATCH" not in result.stdout
+        assert "test_secret.py" not in result.stdout
+
+    def test_hostile_reading_the_shipped_tasks_hidden_tests_fails(self, backend, sandbox):
+        self.requires(backend, "readonly-system")
+        from relayrl.sandbox.tasks import SHIPPED
+
+        result = sandbox.exec(f"cat {SHIPPED}/bugfix/median/hidden_tests/tests/test_grading.py {SHIPPED}/bugfix/median/gold.patch")
+        assert "TestMedianHidden" not in result.stdout and "diff --git" not in result.stdout
 
     def test_hostile_reading_root_only_host_files_fails(self, backend, sandbox):
         self.requires(backend, "unprivileged")
