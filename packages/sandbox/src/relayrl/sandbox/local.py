@@ -104,6 +104,12 @@ class LocalBackend(SandboxBackend):
         raise NotImplementedError
 
     # -------------------------------------------------------------------------- shared
+    def prepare(self, sandbox: LocalSandbox) -> None:
+        """Per-sandbox set-up after its workspace exists (e.g. persistent namespaces); default none."""
+
+    def release(self, sandbox: LocalSandbox) -> None:
+        """Undo :meth:`prepare` when the sandbox closes (after its processes are dead)."""
+
     def capabilities(self) -> frozenset[str]:
         return self._capabilities
 
@@ -177,6 +183,9 @@ class LocalSandbox(Sandbox):
         self._lock = threading.Lock()
         self._closed = False
         self._mounted = False
+        self._prepared = False
+        self.namespace_holder: Path | None = None
+        """Where a backend keeps this sandbox's persistent namespaces (``process`` as root)."""
         self._uid: _UidClaim | None = None
         self.cgroup: SandboxCgroup | None = None
         capabilities = backend.capabilities()
@@ -202,6 +211,8 @@ class LocalSandbox(Sandbox):
                 self.cgroup = SandboxCgroup(backend.support.cgroup or "v1", f"sb-{self.id}",
                                             memory_bytes=backend.limits.memory_bytes,
                                             max_processes=backend.limits.max_processes)
+            backend.prepare(self)
+            self._prepared = True
         except (OSError, subprocess.CalledProcessError, CgroupError) as exc:
             self.close()
             raise SandboxError(f"cannot create sandbox in {self.directory}: {exc}") from exc
@@ -281,6 +292,11 @@ class LocalSandbox(Sandbox):
             try:
                 self.cgroup.remove()
             except CgroupError as exc:
+                errors.append(str(exc))
+        if self._prepared:
+            try:
+                self.backend.release(self)
+            except (OSError, SandboxError) as exc:
                 errors.append(str(exc))
         if self._mounted:
             result = subprocess.run(["umount", str(self.workdir)], capture_output=True, text=True)

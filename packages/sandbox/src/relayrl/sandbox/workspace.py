@@ -110,7 +110,9 @@ def hidden_test_paths(task: TaskSpec) -> list[str]:
     root = Path(task.hidden_tests)
     if not root.is_dir():
         raise SandboxError(f"task {task.task_id}: hidden_tests {root} is not a directory")
-    return [relative for relative, info in walk_beneath(str(root)) if not stat.S_ISDIR(info.st_mode)]
+    # pip byte-compiles package data too: installed task folders hold __pycache__ directories.
+    return [relative for relative, info in walk_beneath(str(root)) if not stat.S_ISDIR(info.st_mode)
+            and "__pycache__" not in relative.split("/") and not relative.endswith(".pyc")]
 
 
 def task_private_paths(task: TaskSpec) -> list[str]:
