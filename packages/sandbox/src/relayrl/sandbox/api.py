@@ -109,6 +109,8 @@ class ExecResult:
     @property
     def output(self) -> str:
         """stdout, then stderr when there is any (what a tool result shows the model)."""
+        if not self.stderr:
+            return self.stdout
         return self.stdout + (self.stderr if not self.stdout or self.stdout.endswith("\n") else "\n" + self.stderr)
 
     def usage(self) -> dict[str, float]:

@@ -67,7 +67,7 @@ class SandboxSection(Section, kw_only=True):
     detectors: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_DETECTORS))
     """Exploit detectors run on every graded trajectory; any flag sets the reward to 0."""
     grading_timeout_s: float = 120.0
-    """Timeout of one answer's grading command."""
+    """Timeout of one answer's grading command (clamped by the grading backend's ``limits.wall_time_s``)."""
 
     def check(self, pm: Any, path: str) -> None:
         try:

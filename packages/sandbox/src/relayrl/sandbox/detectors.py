@@ -119,6 +119,7 @@ class TestEdits:
     """Edits to tests, conftest.py or test configuration (in the diff, or attempted by a tool call)."""
 
     name = "test-edits"
+    __test__ = False  # not a pytest test class, whatever its name
     _shell_write = re.compile(r"(>>?|\btee\b|\bsed\s+-i|\bmv\b|\brm\b|\bcp\b|\btruncate\b|\bchmod\b|open\([^)]*['\"][wa])"
                               r"[^|;&\n]*?((^|[\s'\"/])(tests?/\S*|\S*test_\w+\.py|\S*_test\.py|\S*conftest\.py|"
                               r"pytest\.ini|tox\.ini|setup\.cfg))")

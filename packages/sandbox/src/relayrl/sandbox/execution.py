@@ -101,14 +101,13 @@ def run_wrapped(argv: Sequence[str], *, limits: Limits, timeout: float, env: Map
     idle = 0.0005
     try:
         while True:
-            if status is None:
-                pid, raw_status, usage = os.wait4(process.pid, os.WNOHANG)
-                if pid:
-                    status, rusage = raw_status, usage
-                    # The command returned: nothing it started may outlive it (this also closes
-                    # the pipes that orphans inherited, so the reads below reach EOF).
-                    _kill_tree(process.pid, cgroup)
-                    drain_deadline = time.monotonic() + 2.0
+            if status is None and os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT):
+                # The command returned: nothing it started may outlive it (this also closes the
+                # pipes that orphans inherited, so the reads below reach EOF). Kill before
+                # reaping, so that the process group id cannot have been reused yet.
+                _kill_tree(process.pid, cgroup)
+                _, status, rusage = os.wait4(process.pid, 0)
+                drain_deadline = time.monotonic() + 2.0
             if selector.get_map():
                 wait = max(0.0, min(0.05, deadline - time.monotonic())) if status is None else 0.05
                 for key, _ in selector.select(wait):

@@ -31,7 +31,7 @@ from typing import Any
 import msgspec
 
 from relayrl.core.wire import TaskSpec, Trajectory
-from relayrl.sandbox.api import Limits, SandboxBackend, SandboxError
+from relayrl.sandbox.api import SandboxBackend, SandboxError
 from relayrl.sandbox.config import SandboxSection
 from relayrl.sandbox.detectors import DetectionContext, apply_flags, run_detectors
 from relayrl.sandbox.local import LocalSandbox
@@ -164,8 +164,3 @@ def _clear(directory: Path) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
-
-
-def grading_limits(section: SandboxSection) -> Limits:
-    """Limits for grading sandboxes: the section's, with the wall time raised to the grading timeout."""
-    return msgspec.structs.replace(section.limits, wall_time_s=max(section.limits.wall_time_s, section.grading_timeout_s))

@@ -10,7 +10,7 @@ Subclass it and override the ``backend`` fixture; build the backend with :attr:`
         def backend(self):
             return MyBackend(limits=self.limits)
 
-The suite has two parts: the protocol (output, status, files, timeouts, concurrency) and 30
+The suite has two parts: the protocol (output, status, files, timeouts, concurrency) and 38
 **hostile programs** (network, fork and memory bombs, disk fill, output floods, timeouts, orphans
 and daemons, symlink and ``..`` escapes, writes outside the workspace, reading the grader's files,
 signals to the host, tampering with limits ...). Each hostile test asserts that the program was
@@ -312,7 +312,7 @@ class SandboxTests:
         result = sandbox.exec("yes relayrl >&2", timeout=10)
         assert result.truncated and "more bytes not shown" in result.stderr and result.stdout == ""
 
-    def test_hostile_output_under_the_limit_is_complete(self, sandbox):
+    def test_output_exactly_at_the_limit_is_complete(self, sandbox):
         result = sandbox.exec(f"head -c {self.limits.max_output_bytes} /dev/zero | tr '\\0' x")
         assert not result.truncated and len(result.stdout) == self.limits.max_output_bytes
 
