@@ -55,3 +55,12 @@ def test_root_under_a_private_mount_is_refused(tmp_path):
 
     with pytest.raises(SandboxError, match="private"):
         ProcessBackend(root=str(tmp_path / "sandboxes"), require=[])
+
+
+def test_a_timeout_beyond_the_wall_time_limit_is_clamped_to_it():
+    from relayrl.sandbox.api import Limits
+
+    backend = _backend(limits=Limits(wall_time_s=1), require=[])
+    with backend.create() as sandbox:
+        result = sandbox.exec("sleep 600", timeout=10_000)
+    assert result.timed_out and result.killed_reason == "timeout"

@@ -26,6 +26,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 import threading
 import uuid
 from collections.abc import Iterator
@@ -202,10 +203,6 @@ class SandboxTests:
         sandbox.close()
         with pytest.raises(SandboxError, match="closed"):
             sandbox.exec("true")
-
-    def test_timeout_is_clamped_to_the_wall_time_limit(self, sandbox):
-        result = sandbox.exec("echo started", timeout=10 * self.limits.wall_time_s)
-        assert result.ok  # a large timeout is accepted (and clamped), not an error
 
     # =========================================================================== hostile: network
     def test_hostile_outbound_tcp_connection_fails(self, backend, sandbox):
@@ -455,10 +452,13 @@ class SandboxTests:
     # =========================================================================== hostile: privileges
     def test_hostile_signals_cannot_reach_the_host(self, backend, sandbox):
         self.requires(backend, "pid-isolation")
-        host_pid = os.getpid()
-        result = sandbox.exec(f"kill -9 {host_pid} 1 $PPID 2>&1; kill -9 -1 2>&1; echo after")
-        assert os.getpid() == host_pid  # we are still alive to assert anything at all
-        assert result.exit_status is not None
+        victim = subprocess.Popen(["sleep", "600"])  # a host process the command knows the pid of
+        try:
+            sandbox.exec(f"kill -9 {victim.pid} {os.getpid()} 1 $PPID 2>&1; kill -9 -1 2>&1; echo after")
+            assert victim.poll() is None, "a host process was killed from inside the sandbox"
+        finally:
+            victim.kill()
+            victim.wait()
 
     def test_hostile_host_processes_are_invisible(self, backend, sandbox):
         self.requires(backend, "pid-isolation")
