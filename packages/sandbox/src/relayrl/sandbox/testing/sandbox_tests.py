@@ -238,7 +238,7 @@ class SandboxTests:
     def test_hostile_fork_bomb_is_contained(self, backend, sandbox):
         self.requires(backend, "process-limit", "tree-kill")
         result = sandbox.exec("bomb() { bomb | bomb & }; bomb; sleep 2; echo survived", timeout=8)
-        assert result.exit_status is not None
+        assert "fork" in result.stderr and "retry" in result.stderr  # bash: fork: retry: Resource ...
         self.assert_no_strays(sandbox)
         assert sandbox.exec("echo still-usable").stdout == "still-usable\n"
 
