@@ -39,9 +39,10 @@ class BwrapBackend(LocalBackend):
             reason = reason or support.reasons.get("prlimit", "prlimit missing")
             return set(), {name: reason for name in ("network-none", "pid-isolation", "readonly-system", "unprivileged",
                                                      "memory-limit", "process-limit", "disk-quota", "tree-kill")}
-        provided |= {"network-none", "pid-isolation", "readonly-system", "tree-kill", "unprivileged"}
-        if support.root and not drop_uid:
-            provided.discard("unprivileged")
+        provided |= {"network-none", "pid-isolation", "readonly-system", "tree-kill"}
+        if drop_uid:
+            provided.add("unprivileged")
+        else:  # without root, all sandboxes share the calling user's uid
             reasons["unprivileged"] = support.reasons.get("setpriv", "setpriv failed")
         if support.cgroup:
             provided |= {"memory-limit", "process-limit"}

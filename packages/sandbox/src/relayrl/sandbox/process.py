@@ -49,9 +49,9 @@ class ProcessBackend(LocalBackend):
                 reasons[name] = support.reasons.get("namespaces", "unshare failed")
         if support.root and support.setpriv:
             provided.add("unprivileged")
-        elif not support.root:
-            provided.add("unprivileged")  # it already runs as the (unprivileged) calling user
         else:
+            # Without root every sandbox runs as the calling user: not root, but not a uid of its
+            # own either, so sandboxes could read each other's workspaces.
             reasons["unprivileged"] = support.reasons.get("setpriv", "setpriv failed")
         if support.cgroup:
             provided |= {"memory-limit", "process-limit", "tree-kill"}
