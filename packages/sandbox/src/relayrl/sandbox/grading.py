@@ -7,9 +7,9 @@ task, one grading sandbox is created and each answer is graded in turn in it:
 1. the host replaces ``run/`` with a copy of the pristine tree owned by the sandbox's uid, then
    copies the hidden tests in, **root-owned** with root-owned directories, so the answer's code
    cannot edit, delete or add files next to them;
-2. one command applies the diff (``git apply``; a diff touching the tests fails here);
-3. one command runs the task's grading command. Every command kills its whole process tree when it
-   returns, so nothing an answer started is alive while the next answer is graded.
+2. one command applies the diff (``git apply``; a diff touching the tests fails here) and runs the
+   task's grading command. Every command kills its whole process tree when it returns, so nothing
+   an answer started is alive while the next answer is graded.
 
 Reward is 1.0 when the grading command exits 0, else 0.0; exploit detectors then set it to 0 for
 any cheating attempt (:meth:`Grader.grade_trajectories`). Creating one sandbox per group rather
@@ -41,6 +41,7 @@ from relayrl.sandbox.workspace import hidden_test_paths, prepare_workspace
 __all__ = ["GradeReport", "Grader"]
 
 _OUTPUT_TAIL = 4000
+_APPLY_FAILED = "relayrl-grader: the diff of the answer does not apply"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,18 +99,19 @@ class Grader:
         self._place_hidden_tests(task, run)
         patch_name = f".answer-{index}.diff"
         write_beneath(str(workdir), patch_name, diff.encode())  # root-owned: the answer can read, not edit, it
-        if diff.strip():
-            applied = sandbox.exec(["git", "apply", "--whitespace=nowarn", f"../{patch_name}"], cwd="run",
-                                   timeout=60, env={"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"})
-            if applied.exit_status != 0:
-                return GradeReport(reward=0.0, applied=False, passed=False, exit_status=applied.exit_status,
-                                   output=applied.output[-_OUTPUT_TAIL:], wall_time_s=applied.wall_time_s,
-                                   error="the answer's diff does not apply to the pristine workspace")
-        result = sandbox.exec(task.grading_command, cwd="run", timeout=self.section.grading_timeout_s)
+        # One command per answer: apply, then grade. The marker is printed before any of the
+        # answer's code runs; an answer printing it itself can only turn its own pass into a failure.
+        apply = (f"git apply --whitespace=nowarn ../{patch_name} || {{ echo {_APPLY_FAILED} >&2; exit 1; }}\n"
+                 if diff.strip() else "")
+        result = sandbox.exec(apply + task.grading_command, cwd="run", timeout=self.section.grading_timeout_s,
+                              env={"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"})
+        output = result.output[-_OUTPUT_TAIL:]
+        if result.exit_status != 0 and result.stderr.rstrip().endswith(_APPLY_FAILED):
+            return GradeReport(reward=0.0, applied=False, passed=False, exit_status=result.exit_status, output=output,
+                               wall_time_s=result.wall_time_s, error="the answer's diff does not apply to the pristine workspace")
         passed = result.exit_status == 0 and not result.timed_out
         return GradeReport(reward=1.0 if passed else 0.0, applied=True, passed=passed, exit_status=result.exit_status,
-                           output=result.output[-_OUTPUT_TAIL:], wall_time_s=result.wall_time_s,
-                           timed_out=result.timed_out)
+                           output=output, wall_time_s=result.wall_time_s, timed_out=result.timed_out)
 
     @staticmethod
     def _place_hidden_tests(task: TaskSpec, run: Path) -> None:
