@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import uuid
+from pathlib import Path
+
 import pytest
 
 from relayrl.sandbox.api import SandboxUnavailable
@@ -64,3 +68,23 @@ def test_a_timeout_beyond_the_wall_time_limit_is_clamped_to_it():
     with backend.create() as sandbox:
         result = sandbox.exec("sleep 600", timeout=10_000)
     assert result.timed_out and result.killed_reason == "timeout"
+
+
+def test_masks_skip_paths_inside_masked_or_private_directories(tmp_path):
+    data = Path("/var/lib") / f"relayrl-masks-{uuid.uuid4().hex}"  # outside the private /tmp
+    (data / "task").mkdir(parents=True)
+    try:
+        (data / "task" / "gold.patch").write_text("")
+        (data / "other.patch").write_text("")
+        backend = _backend(require=[], hide_paths=[str(data / "task")])
+        hide = [data / "task" / "gold.patch", data / "other.patch", data / "absent", tmp_path / "under-tmp"]
+        (tmp_path / "under-tmp").mkdir()
+        with backend.create(hide=hide) as sandbox:
+            directories, files = backend.masks(sandbox)
+            (data / "other.patch").write_text("visible on the host")
+            result = sandbox.exec(f"cat {data}/other.patch; ls -A {data}/task | wc -l")
+    finally:
+        shutil.rmtree(data)
+    assert str(data / "task") in directories and files == [str(data / "other.patch")]
+    assert not [path for path in directories if path.startswith((str(data / "task") + "/", str(tmp_path)))]
+    assert result.stdout == "0\n"  # the file reads empty, the directory lists empty

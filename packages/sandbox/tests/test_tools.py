@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from relayrl.core.wire import ToolCall
@@ -44,13 +46,19 @@ def test_write_edit_and_their_errors(toolbox):
     assert run(toolbox, "write_file", path="../escape.py", content="").error
 
 
-def test_list_and_grep_with_and_without_ripgrep(toolbox):
+def test_list(toolbox):
     listing = run(toolbox, "list").output
     assert "f pkg/mod.py" in listing and "d pkg" in listing and ".git" not in listing
-    for ripgrep in (True, False):
-        toolbox.ripgrep = ripgrep
-        assert "notes.md:1:needle here" in run(toolbox, "grep", pattern="needle").output
-        assert run(toolbox, "grep", pattern="no-such-text").output == "(no matches)\n"
+
+
+@pytest.mark.parametrize("ripgrep", [True, False], ids=["ripgrep", "grep"])
+def test_grep(toolbox, ripgrep):
+    if ripgrep and shutil.which("rg") is None:
+        pytest.skip("ripgrep is not installed on this host (apt-get install -y ripgrep)")
+    toolbox.ripgrep = ripgrep
+    assert "notes.md:1:needle here" in run(toolbox, "grep", pattern="needle").output
+    assert run(toolbox, "grep", pattern="no-such-text").output == "(no matches)\n"
+    assert "mod.py" in run(toolbox, "grep", pattern="line 7", glob="*.py").output
 
 
 def test_malformed_calls_become_error_results(toolbox):

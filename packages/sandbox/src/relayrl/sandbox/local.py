@@ -131,10 +131,11 @@ class LocalBackend(SandboxBackend):
     def masks(self, sandbox: LocalSandbox) -> tuple[list[str], list[str]]:
         """``(directories, files)`` to mask in ``sandbox``'s view of the host (existing paths only).
 
-        A path below a masked directory is dropped: it is already invisible, and mounting on it
-        would fail once its parent is covered.
+        A path below a masked directory, or below /tmp, /var/tmp or /dev/shm (private in every
+        sandbox), is dropped: it is already invisible, and mounting on it would fail once its
+        parent is covered.
         """
-        directories: list[str] = []
+        directories: list[str] = list(_PRIVATE_MOUNTS)
         files: list[str] = []
         for path in sorted(set(self.hide_paths) | set(sandbox.hide), key=lambda item: (item.count("/"), item)):
             if any(path == directory or path.startswith(directory + "/") for directory in directories):
@@ -143,7 +144,7 @@ class LocalBackend(SandboxBackend):
                 directories.append(path)
             elif os.path.lexists(path):
                 files.append(path)
-        return directories, files
+        return directories[len(_PRIVATE_MOUNTS):], files
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(capabilities={sorted(self._capabilities)})"
