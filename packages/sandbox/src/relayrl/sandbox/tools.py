@@ -111,12 +111,14 @@ class ToolBox:
         return kept + TRUNCATION_MARKER.format(dropped=len(data) - len(kept.encode())), True
 
     def bash(self, command: str, timeout: float | None = None) -> tuple[str, int, bool]:
+        """Run ``command`` with ``bash -c`` in the workspace; output is stdout then stderr."""
         if not isinstance(command, str):
             raise ToolError("bash: command must be a string")
         result = self.sandbox.exec(command, timeout=self._timeout(timeout))
         return result.output, result.exit_status, result.truncated
 
     def read_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> tuple[str, int, bool]:
+        """Lines ``start_line..end_line`` (1-based, inclusive) of ``path``, each prefixed with its number."""
         lines = self.sandbox.read_file(path).decode(errors="replace").splitlines()
         if start_line < 1 or (end_line is not None and end_line < start_line):
             raise ToolError(f"read_file {path}: invalid line range {start_line}..{end_line}")
@@ -129,10 +131,12 @@ class ToolBox:
         return text, 0, truncated
 
     def write_file(self, path: str, content: str) -> tuple[str, int, bool]:
+        """Create or overwrite ``path`` (parents created)."""
         self.sandbox.write_file(path, content)
         return f"wrote {len(content.encode())} bytes to {path}\n", 0, False
 
     def edit(self, path: str, old: str, new: str, count: int | None = None) -> tuple[str, int, bool]:
+        """Replace ``old`` by ``new``; ``old`` must occur exactly once, or exactly ``count`` times."""
         if not old:
             raise ToolError("edit: old must not be empty")
         text = self.sandbox.read_file(path).decode()
@@ -147,12 +151,14 @@ class ToolBox:
         return f"replaced {found} occurrence(s) in {path}\n", 0, False
 
     def list(self, path: str = ".", depth: int = 2) -> tuple[str, int, bool]:
+        """Entries below ``path`` to ``depth`` levels, ``d``/``f``/``l`` then the path, ``.git`` excluded."""
         command = (f"find {shlex.quote(path)} -mindepth 1 -maxdepth {int(depth)} -not -path '*/.git' "
                    f"-not -path '*/.git/*' -printf '%y %P\\n' | sort -k2")
         result = self.sandbox.exec(command, timeout=self.timeout_s)
         return result.output, result.exit_status, result.truncated
 
     def grep(self, pattern: str, path: str = ".", glob: str | None = None) -> tuple[str, int, bool]:
+        """``path:line:text`` of every match of regular expression ``pattern`` (ripgrep when installed)."""
         if self.ripgrep:
             argv = ["rg", "--line-number", "--no-heading", "--color=never", "--glob", "!.git", "-e", pattern]
             argv += ["--glob", glob] if glob else []
@@ -164,5 +170,6 @@ class ToolBox:
         return output, 0 if result.exit_status == 1 else result.exit_status, result.truncated
 
     def python_tool(self, code: str, timeout: float | None = None) -> tuple[str, int, bool]:
+        """Run Python source ``code`` (fed on stdin to ``python3 -``) in the workspace."""
         result = self.sandbox.exec([self.python, "-"], stdin=code, timeout=self._timeout(timeout))
         return result.output, result.exit_status, result.truncated
