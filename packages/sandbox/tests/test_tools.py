@@ -86,3 +86,10 @@ def test_parallelism_is_bounded(toolbox):
 
 def test_schemas_cover_every_tool(toolbox):
     assert sorted(schema["function"]["name"] for schema in TOOL_SCHEMAS) == sorted(toolbox.tools)
+
+
+def test_configured_from_the_section(toolbox):
+    from relayrl.sandbox.config import SandboxSection
+
+    configured = ToolBox.from_section(toolbox.sandbox, SandboxSection(max_parallel_tools=3, tool_timeout_s=5))
+    assert (configured.max_parallel, configured.timeout_s) == (3, 5)

@@ -73,6 +73,12 @@ class ToolBox:
             "list": self.list, "grep": self.grep, "python": self.python_tool,
         }
 
+    @classmethod
+    def from_section(cls, sandbox: Sandbox, section: Any) -> ToolBox:
+        """Tools configured by a ``[sandbox]`` section (parallelism, timeout, output cap)."""
+        return cls(sandbox, max_parallel=section.max_parallel_tools, timeout_s=section.tool_timeout_s,
+                   max_output_bytes=section.limits.max_output_bytes)
+
     # ------------------------------------------------------------------------------ turn
     def run_turn(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """Run the calls concurrently (at most ``max_parallel`` at once); results in call order."""
