@@ -11,7 +11,7 @@ import pytest
 from relayrl.sandbox.api import SandboxUnavailable
 from relayrl.sandbox.host import host_support
 from relayrl.sandbox.process import ProcessBackend
-from relayrl.sandbox.testing import SandboxTests
+from relayrl.sandbox.testing import SandboxTests, TrackedSandbox
 
 
 def _backend(**kwargs) -> ProcessBackend:
@@ -88,3 +88,27 @@ def test_masks_skip_paths_inside_masked_or_private_directories(tmp_path):
     assert str(data / "task") in directories and files == [str(data / "other.patch")]
     assert not [path for path in directories if path.startswith((str(data / "task") + "/", str(tmp_path)))]
     assert result.stdout == "0\n"  # the file reads empty, the directory lists empty
+
+
+def test_without_root_the_user_namespace_chain_isolates_network_and_processes(monkeypatch):
+    """The fallback a non-root user gets, run for real: user + network + PID namespaces, rlimits."""
+    import dataclasses
+
+    from relayrl.sandbox import host
+
+    support = host.host_support()
+    if not support.user_namespace:
+        pytest.skip(f"user namespaces are unavailable here: {support.reasons.get('user_namespace')}")
+    as_user = dataclasses.replace(support, root=False, setpriv=False, tmpfs=False, cgroup=None,
+                                  reasons={"setpriv": "not root", "tmpfs": "not root", "cgroup": "not root"})
+    monkeypatch.setattr("relayrl.sandbox.local.host_support", lambda: as_user)
+    backend = ProcessBackend(require=["network-none", "pid-isolation", "tree-kill"])
+    assert backend.capabilities() == {"network-none", "pid-isolation", "tree-kill"}
+    with pytest.raises(SandboxUnavailable, match="unprivileged .*not root"):
+        ProcessBackend(require=["unprivileged"])
+    with backend.create() as raw:
+        sandbox = TrackedSandbox(raw)
+        result = sandbox.exec("python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=3)\" "
+                              "2>&1 | tail -1; ls /proc | grep -c '^[0-9]'; (sleep 600 &); echo done")
+        assert "unreachable" in result.stdout.lower() and int(result.stdout.split()[-2]) < 10
+        assert not sandbox.strays()
