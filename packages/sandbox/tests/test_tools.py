@@ -93,3 +93,12 @@ def test_configured_from_the_section(toolbox):
 
     configured = ToolBox.from_section(toolbox.sandbox, SandboxSection(max_parallel_tools=3, tool_timeout_s=5))
     assert (configured.max_parallel, configured.timeout_s) == (3, 5)
+
+
+def test_async_execute_for_the_rollout_agent_loop(toolbox):
+    import asyncio
+
+    calls = [call("bash", command=f"echo {index}") for index in range(3)]
+    results = asyncio.run(toolbox.execute(calls))
+    assert [result.output for result in results] == ["0\n", "1\n", "2\n"]
+    assert "bash" in toolbox.tool_names and list(toolbox.tool_names) == sorted(toolbox.tool_names)

@@ -13,6 +13,7 @@ cannot lose the turn.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import shlex
 import shutil
@@ -80,6 +81,15 @@ class ToolBox:
                    max_output_bytes=section.limits.max_output_bytes)
 
     # ------------------------------------------------------------------------------ turn
+    @property
+    def tool_names(self) -> Sequence[str]:
+        """The tools' names (with :meth:`execute`, this is relayrl-rollout's ``ToolExecutor`` protocol)."""
+        return sorted(self.tools)
+
+    async def execute(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        """:meth:`run_turn` for asyncio callers (the rollout agent loop), off the event loop."""
+        return await asyncio.to_thread(self.run_turn, calls)
+
     def run_turn(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """Run the calls concurrently (at most ``max_parallel`` at once); results in call order."""
         if len(calls) <= 1:
