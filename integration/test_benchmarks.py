@@ -23,6 +23,20 @@ def test_replay_benchmark_quick_mode_runs_and_agrees_with_the_dense_reference():
     assert "dense mask (baseline)" in result.stdout and "gradients agree" in result.stdout
 
 
+def test_engine_benchmark_quick_mode_runs():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/engine.py"), "--quick"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "relayrl / generate" in result.stdout
+
+
+def test_buffer_benchmark_quick_mode_runs_on_local_files_and_s3():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/buffer.py"), "--quick"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "local files" in result.stdout and "S3 (moto, loopback)" in result.stdout and "ingest/read x" in result.stdout
+
+
 def test_sandbox_benchmark_quick_mode_runs_every_available_backend_against_the_baseline():
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks/sandbox.py"), "--quick"], capture_output=True,
                             text=True, timeout=600)

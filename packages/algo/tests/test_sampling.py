@@ -136,6 +136,10 @@ def test_kept_sets_concat_and_validation():
     a, b = KeptSets.from_rows([[1], [2, 3]]), KeptSets.from_rows([[], [4, 5, 6]])
     joined = KeptSets.concat([a, b])
     assert [joined.row(index) for index in range(4)] == [[1], [2, 3], [], [4, 5, 6]]
+    # Views into a larger CSR (offsets not starting at 0) are rebased.
+    view = KeptSets(joined.offsets[1:4], joined.ids)  # rows 1 and 2
+    again = KeptSets.concat([view, KeptSets(joined.offsets[3:5], joined.ids)])  # + row 3
+    assert [again.row(index) for index in range(3)] == [[2, 3], [], [4, 5, 6]]
     with pytest.raises(ValueError, match="shapes disagree"):
         replay_logprobs(torch.zeros(3, 5), torch.zeros(2, dtype=torch.long), a)
     with pytest.raises(ValueError, match="top_p must be in"):

@@ -26,7 +26,8 @@ import torch
 
 from relayrl.core.config import Section
 
-__all__ = ["CombinedOptimizer", "OptimizerConfig", "OptimizerReport", "build_optimizer", "muon_available"]
+__all__ = ["CombinedOptimizer", "OptimizerConfig", "OptimizerReport", "build_optimizer", "muon_available",
+           "partition_parameters"]
 
 DEFAULT_ADAMW_PATTERNS = (r"embed", r"lm_head", r"(^|\.)wte\.", r"(^|\.)wpe\.", r"norm", r"(^|\.)ln_", r"\.bias$")
 
@@ -116,9 +117,13 @@ class CombinedOptimizer:
             optimizer.load_state_dict(state[name])
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimizerConfig | None = None
-                    ) -> tuple[CombinedOptimizer, OptimizerReport]:
-    """Split ``model``'s trainable parameters between Muon and AdamW and build both."""
+def partition_parameters(model: torch.nn.Module, config: OptimizerConfig | None = None
+                         ) -> tuple[list[tuple[str, torch.nn.Parameter]], list[tuple[str, torch.nn.Parameter]]]:
+    """``(muon, adamw)`` lists of ``(name, parameter)``: the split every backend applies.
+
+    Muon takes trainable 2-D parameters whose names match none of ``adamw_patterns`` (when Muon is
+    enabled and available); AdamW takes everything else. Tied parameters appear once.
+    """
     config = config or OptimizerConfig()
     patterns = [re.compile(pattern) for pattern in config.adamw_patterns]
     use_muon = config.muon and muon_available()
@@ -129,6 +134,14 @@ def build_optimizer(model: torch.nn.Module, config: OptimizerConfig | None = Non
             continue
         hidden_matrix = parameter.dim() == 2 and not any(pattern.search(name) for pattern in patterns)
         (muon_params if use_muon and hidden_matrix else adamw_params).append((name, parameter))
+    return muon_params, adamw_params
+
+
+def build_optimizer(model: torch.nn.Module, config: OptimizerConfig | None = None
+                    ) -> tuple[CombinedOptimizer, OptimizerReport]:
+    """Split ``model``'s trainable parameters between Muon and AdamW and build both."""
+    config = config or OptimizerConfig()
+    muon_params, adamw_params = partition_parameters(model, config)
     optimizers: dict[str, torch.optim.Optimizer] = {}
     if muon_params:
         optimizers["muon"] = torch.optim.Muon(

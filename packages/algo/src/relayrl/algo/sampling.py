@@ -81,12 +81,14 @@ class KeptSets:
         """Stack kept-sets of consecutive row blocks into one."""
         if not parts:
             return cls(torch.zeros(1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
-        offsets, ids, base = [parts[0].offsets[:1]], [], 0
+        # Parts may be views into a larger CSR (offsets not starting at 0): rebase each.
+        offsets = [torch.zeros(1, dtype=torch.int64, device=parts[0].offsets.device)]
+        ids, base = [], 0
         for part in parts:
             offsets.append(part.offsets[1:] - part.offsets[0] + base)
             ids.append(part.ids[part.offsets[0]:part.offsets[-1]])
             base += int(part.offsets[-1] - part.offsets[0])
-        return cls(torch.cat(offsets) - offsets[0][0], torch.cat(ids))
+        return cls(torch.cat(offsets), torch.cat(ids))
 
 
 @dataclasses.dataclass(frozen=True)

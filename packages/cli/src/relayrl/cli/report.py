@@ -1,0 +1,206 @@
+"""``relayrl report RUN_DIR``: a self-contained HTML (and Markdown) report of a run, with PNG plots.
+
+Reads ``<run>/metrics.jsonl`` (one ``{"step", "time", "metrics"}`` object per line, the last record
+of a step winning) and the run's events (``events/`` objects on the bus, ``RunEvent``), and writes
+``<run>/report/report.html`` (plots embedded, opens anywhere), ``report.md`` and the PNG files.
+
+Plots, each drawn only when the run recorded its metrics: reward (mean ± std), entropy (full
+distribution and kept-set), train/inference mismatch KL (k1, k3), staleness histogram, response
+length and turns, tokens/s (trainer and fleet), weight-sync timings. Monitor alarms are marked on
+every plot and listed in a table. Needs matplotlib (``pip install 'relayrl[report]'``).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from relayrl.core.errors import RelayrlError
+
+__all__ = ["Report", "load_run", "write_report"]
+
+
+@dataclass
+class Report:
+    html_path: Path
+    markdown_path: Path
+    plots: list[Path]
+    summary: dict[str, Any]
+
+
+def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise RelayrlError(f"{run_dir}: no metrics.jsonl (is this a relayrl run directory?)")
+    records: dict[int, dict[str, Any]] = {}
+    with open(path) as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            records[int(record["step"])] = record
+    return [records[step] for step in sorted(records)]
+
+
+def load_events(run_dir: Path) -> list[Any]:
+    """The run's events from ``events/`` on the bus (an empty list when there are none)."""
+    from relayrl.core import codec, wire
+    from relayrl.core.store import open_store
+
+    store = open_store(str(run_dir))
+    events = []
+    for key in store.list("events/"):
+        try:
+            events.append(codec.decode(store.get(key), wire.RunEvent, what=key))
+        except RelayrlError:
+            continue  # a foreign or damaged object does not stop the report
+    return sorted(events, key=lambda event: event.time)
+
+
+def load_run(run_dir: str | Path) -> tuple[list[dict[str, Any]], list[Any]]:
+    run_dir = Path(run_dir)
+    return load_metrics(run_dir), load_events(run_dir)
+
+
+def _series(records: list[dict[str, Any]], name: str) -> tuple[list[int], list[float]]:
+    steps, values = [], []
+    for record in records:
+        value = record["metrics"].get(name)
+        if value is not None and math.isfinite(value):
+            steps.append(record["step"])
+            values.append(value)
+    return steps, values
+
+
+def _tenths(values: list[float]) -> tuple[float, float]:
+    tenth = max(1, len(values) // 10)
+    return sum(values[:tenth]) / tenth, sum(values[-tenth:]) / tenth
+
+
+PLOTS: list[tuple[str, str, list[tuple[str, str]]]] = [
+    ("reward", "Reward", [("reward/mean", "mean reward")]),
+    ("entropy", "Entropy (nats/token)", [("entropy/token_mean", "full distribution"), ("entropy/kept_mean", "kept-set")]),
+    ("mismatch", "Train/inference mismatch KL", [("mismatch/kl_k1", "k1"), ("mismatch/kl_k3", "k3")]),
+    ("lengths", "Response length and turns", [("response/tokens_mean", "tokens per trajectory"),
+                                              ("response/turns_mean", "turns per trajectory")]),
+    ("throughput", "Throughput (tokens/s)", [("trainer/tokens_per_s", "trainer"), ("fleet/tokens_per_s", "rollout fleet")]),
+    ("weight_sync", "Weight sync (s)", [("weight_sync/publish_s", "publish"), ("weight_sync/fetch_s", "fetch"),
+                                        ("weight_sync/apply_s", "apply (pause)")]),
+]
+
+
+def write_report(run_dir: str | Path, output: str | Path | None = None) -> Report:
+    """Write the report of ``run_dir`` into ``output`` (default ``<run_dir>/report``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RelayrlError("relayrl report needs matplotlib: pip install 'relayrl[report]'") from exc
+    run_dir = Path(run_dir)
+    records, events = load_run(run_dir)
+    if not records:
+        raise RelayrlError(f"{run_dir}/metrics.jsonl holds no step yet")
+    out = Path(output) if output else run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    start_time = records[0]["time"]
+    alarms = [event for event in events if event.kind == "alarm"]
+    alarm_steps = [event.data.get("step") for event in alarms if isinstance(event.data.get("step"), int)]
+
+    plots: list[tuple[str, Path, str]] = []
+    missing: list[str] = []
+    for key, title, series in PLOTS:
+        present = [(name, label, *_series(records, name)) for name, label in series]
+        present = [item for item in present if item[2]]
+        if not present:
+            missing.append(title)
+            continue
+        figure, axis = plt.subplots(figsize=(7, 3.2))
+        for name, label, steps, values in present:
+            axis.plot(steps, values, label=label, linewidth=1.4)
+            if name == "reward/mean":
+                _, std = _series(records, "reward/std")
+                if len(std) == len(values):
+                    axis.fill_between(steps, [v - s for v, s in zip(values, std)], [v + s for v, s in zip(values, std)],
+                                      alpha=0.15)
+        for step in alarm_steps:
+            axis.axvline(step, color="tab:red", alpha=0.3, linewidth=0.8)
+        axis.set_title(title)
+        axis.set_xlabel("trainer step")
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+        figure.tight_layout()
+        path = out / f"{key}.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        plots.append((title, path, key))
+
+    histogram: dict[int, float] = {}
+    for record in records:
+        for name, value in record["metrics"].items():
+            match = re.fullmatch(r"staleness/hist/(-?\d+)", name)
+            if match and value is not None:
+                histogram[int(match.group(1))] = histogram.get(int(match.group(1)), 0.0) + value
+    if histogram:
+        figure, axis = plt.subplots(figsize=(7, 3.2))
+        lags = sorted(histogram)
+        axis.bar(lags, [histogram[lag] for lag in lags])
+        axis.set_title("Staleness (policy versions behind the trainer), all steps")
+        axis.set_xlabel("staleness")
+        axis.set_ylabel("sequences")
+        figure.tight_layout()
+        path = out / "staleness.png"
+        figure.savefig(path, dpi=110)
+        plt.close(figure)
+        plots.insert(1, ("Staleness histogram", path, "staleness"))
+    else:
+        missing.append("Staleness histogram")
+
+    _, rewards = _series(records, "reward/mean")
+    _, entropy = _series(records, "entropy/token_mean")
+    summary: dict[str, Any] = {"run": str(run_dir), "steps": len(records),
+                               "wall_time_s": round(records[-1]["time"] - start_time, 1), "alarms": len(alarms)}
+    if rewards:
+        summary["reward_first_tenth"], summary["reward_last_tenth"] = (round(v, 4) for v in _tenths(rewards))
+    if entropy:
+        summary["entropy_first_tenth"], summary["entropy_last_tenth"] = (round(v, 4) for v in _tenths(entropy))
+
+    markdown = ["# relayrl run report", "", "| | |", "|---|---|"]
+    markdown += [f"| {key.replace('_', ' ')} | {value} |" for key, value in summary.items()]
+    markdown += [""]
+    for title, path, _ in plots:
+        markdown += [f"## {title}", "", f"![{title}]({path.name})", ""]
+    if missing:
+        markdown += ["Not recorded in this run: " + ", ".join(missing) + ".", ""]
+    markdown += ["## Monitor alarms", ""]
+    markdown += ([f"- step {event.data.get('step', '?')}: {event.message}" for event in alarms] or ["None."])
+    markdown_path = out / "report.md"
+    markdown_path.write_text("\n".join(markdown) + "\n")
+
+    body = ["<h1>relayrl run report</h1><table>"]
+    body += [f"<tr><th>{html.escape(key.replace('_', ' '))}</th><td>{html.escape(str(value))}</td></tr>"
+             for key, value in summary.items()]
+    body += ["</table>"]
+    for title, path, _ in plots:
+        encoded = base64.b64encode(path.read_bytes()).decode()
+        body += [f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{encoded}'>"]
+    if missing:
+        body += [f"<p>Not recorded in this run: {html.escape(', '.join(missing))}.</p>"]
+    body += ["<h2>Monitor alarms</h2><ul>"]
+    body += [f"<li>step {html.escape(str(event.data.get('step', '?')))}: {html.escape(event.message)}</li>"
+             for event in alarms] or ["<li>None.</li>"]
+    body += ["</ul>"]
+    page = ("<!doctype html><html><head><meta charset='utf-8'><title>relayrl run report</title><style>"
+            "body{font-family:sans-serif;max-width:60em;margin:2em auto}img{max-width:100%}"
+            "th{text-align:left;padding-right:1em}</style></head><body>" + "\n".join(body) + "</body></html>")
+    html_path = out / "report.html"
+    html_path.write_text(page)
+    return Report(html_path, markdown_path, [path for _, path, _ in plots], summary)

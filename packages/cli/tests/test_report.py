@@ -1,0 +1,52 @@
+"""relayrl report on a synthetic run directory: plots, summary, alarms, missing metrics."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relayrl.cli.main import main
+from relayrl.cli.report import write_report
+from relayrl.core import codec, wire
+from relayrl.core.errors import RelayrlError
+from relayrl.core.store import open_store
+
+
+def make_run(run_dir, steps=40):
+    with open(run_dir / "metrics.jsonl", "w") as handle:
+        for step in range(steps):
+            metrics = {"reward/mean": 0.05 + 0.01 * step, "reward/std": 0.1, "entropy/token_mean": 0.7,
+                       "entropy/kept_mean": 0.5, "mismatch/kl_k3": 1e-4, "mismatch/kl_k1": 2e-4,
+                       f"staleness/hist/{step % 3}": 16.0, "response/tokens_mean": 10.0 + step,
+                       "trainer/tokens_per_s": 2000.0 + step}
+            handle.write(json.dumps({"step": step, "time": 1000.0 + 2 * step, "metrics": metrics}) + "\n")
+    store = open_store(str(run_dir))
+    event = wire.RunEvent(time=1010.0, source="trainer", kind="alarm", level="warning",
+                          message="entropy/token_mean = 0.05 at step 5", data={"step": 5})
+    store.put("events/00000001-alarm", codec.encode(event))
+
+
+def test_report_writes_plots_summary_and_alarms(tmp_path):
+    make_run(tmp_path)
+    report = write_report(tmp_path)
+    names = sorted(path.name for path in report.plots)
+    assert names == ["entropy.png", "lengths.png", "mismatch.png", "reward.png", "staleness.png", "throughput.png"]
+    assert all(path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for path in report.plots)
+    assert report.summary["steps"] == 40 and report.summary["wall_time_s"] == 78.0
+    assert report.summary["reward_first_tenth"] == pytest.approx(0.05 + 0.01 * 1.5)
+    assert report.summary["reward_last_tenth"] == pytest.approx(0.05 + 0.01 * 37.5)
+    markdown = report.markdown_path.read_text()
+    assert "step 5: entropy/token_mean = 0.05 at step 5" in markdown
+    assert "Not recorded in this run: Weight sync (s)." in markdown
+    page = report.html_path.read_text()
+    assert page.count("data:image/png;base64,") == 6 and "<li>step 5:" in page
+
+
+def test_cli_report_and_errors(tmp_path, capsys):
+    make_run(tmp_path, steps=5)
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "out")]) == 0
+    assert "report: " in capsys.readouterr().out and (tmp_path / "out/report.html").exists()
+    with pytest.raises(RelayrlError, match="no metrics.jsonl"):
+        write_report(tmp_path / "missing")
+    assert main(["report", str(tmp_path / "missing")]) == 2

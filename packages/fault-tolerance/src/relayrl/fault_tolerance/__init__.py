@@ -1,0 +1,1 @@
+"""relayrl-fault-tolerance: async per-step checkpoints, peer replicas, recovery, fault injection."""

@@ -1,0 +1,46 @@
+"""relayrl-rollout's own plugin: its hookspecs, the torch engine and the built-in routers."""
+
+from __future__ import annotations
+
+from relayrl.core.plugins import Registration, hookimpl
+
+
+@hookimpl
+def relayrl_addhooks(pluginmanager):
+    from relayrl.rollout import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+def _torch_engine(model: str, **options):
+    from relayrl.rollout.engines.torch_engine import TorchEngine
+
+    return TorchEngine.from_pretrained(model, **options)
+
+
+def _router(policy: str):
+    def factory(engines, **options):
+        from relayrl.rollout.routing import Router
+
+        return Router(engines, policy=policy, **options)
+
+    return factory
+
+
+@hookimpl
+def relayrl_rollout_engines():
+    yield Registration("torch", _torch_engine, "transformers causal LM, batched KV-cache decoding, in-place weight updates")
+
+
+@hookimpl
+def relayrl_rollout_routers():
+    yield Registration("round-robin", _router("round-robin"), "each request to the next healthy engine")
+    yield Registration("least-loaded", _router("least-loaded"), "each request to the healthy engine with fewest in flight")
+
+
+@hookimpl
+def relayrl_rollout_harnesses():
+    from relayrl.rollout.agent import CodingAgent, SingleTurn
+
+    yield Registration("coding-agent", CodingAgent, "multi-turn tool use, parallel calls, self-compaction")
+    yield Registration("single-turn", SingleTurn, "one answer, no tools")

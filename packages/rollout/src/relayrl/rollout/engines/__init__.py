@@ -1,0 +1,1 @@
+"""Inference engines: the built-in torch engine, and the HTTP client of an engine server."""

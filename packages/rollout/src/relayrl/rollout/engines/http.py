@@ -1,0 +1,221 @@
+"""Serving an engine over HTTP, and the client that talks to such a server.
+
+Endpoints (aiohttp):
+
+``POST /generate``
+    Body: a JSON :class:`GenerateRequest`. Response: newline-delimited JSON
+    :class:`StreamEvent`s, one per sampled token, flushed as they are produced; the last one has
+    ``finish_reason``. This is the token-level API the rollout side uses.
+``POST /v1/completions``
+    OpenAI-compatible completions (``prompt`` as text or token ids, ``max_tokens``,
+    ``temperature``, ``top_p``, ``seed``, ``stream``) for pointing other tools at an engine. Needs a
+    tokenizer in the model directory for text prompts.
+``GET /health``
+    ``{"engine_id", "version", "alive", ...}``.
+
+Run a server with ``python -m relayrl.rollout.engines.http --model DIR --port 0``; it prints
+``READY <port>`` on stdout once it listens, and stops cleanly on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, SamplingParams, StreamEvent
+
+__all__ = ["HttpEngine", "build_app", "main"]
+
+_encoder = msgspec.json.Encoder()
+_event_decoder = msgspec.json.Decoder(StreamEvent)
+_request_decoder = msgspec.json.Decoder(GenerateRequest)
+
+
+def build_app(engine: InferenceEngine, *, tokenizer: Any = None, model_name: str = "relayrl") -> web.Application:
+    """An aiohttp application serving ``engine``."""
+    app = web.Application()
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        try:
+            payload = _request_decoder.decode(await request.read())
+        except msgspec.DecodeError as exc:
+            raise web.HTTPBadRequest(text=f"invalid generate request: {exc}") from None
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        async for event in engine.stream(payload):
+            await response.write(_encoder.encode(event) + b"\n")
+        await response.write_eof()
+        return response
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                raise web.HTTPBadRequest(text="this engine has no tokenizer: send prompt as a list of token ids")
+            prompt_ids = tokenizer.encode(prompt)
+        else:
+            prompt_ids = [int(token) for token in prompt]
+        params = SamplingParams(max_tokens=int(body.get("max_tokens", 16)), temperature=float(body.get("temperature", 1.0)),
+                                top_p=float(body.get("top_p", 1.0)), seed=body.get("seed"),
+                                stop_token_ids=[tokenizer.eos_token_id] if tokenizer is not None and
+                                tokenizer.eos_token_id is not None else [])
+        completion_id = f"cmpl-{uuid.uuid4().hex[:16]}"
+        created = int(time.time())
+        stream = engine.stream(GenerateRequest(request_id=completion_id, prompt=prompt_ids, params=params))
+
+        def decode(tokens: list[int]) -> str:
+            return tokenizer.decode(tokens) if tokenizer is not None else " ".join(map(str, tokens))
+
+        def choice(text: str, finish: str | None) -> dict[str, Any]:
+            return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+
+        if body.get("stream"):
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            async for event in stream:
+                chunk = {"id": completion_id, "object": "text_completion", "created": created, "model": model_name,
+                         "choices": [choice(decode(event.tokens), event.finish_reason)]}
+                await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+        tokens: list[int] = []
+        finish = None
+        async for event in stream:
+            tokens += event.tokens
+            finish = event.finish_reason or finish
+        return web.json_response({
+            "id": completion_id, "object": "text_completion", "created": created, "model": model_name,
+            "choices": [choice(decode(tokens), finish)],
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(tokens),
+                      "total_tokens": len(prompt_ids) + len(tokens)},
+        })
+
+    async def health(request: web.Request) -> web.Response:
+        return web.json_response(await engine.health())
+
+    app.router.add_post("/generate", generate)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_get("/health", health)
+    return app
+
+
+class HttpEngine(InferenceEngine):
+    """The client side of an engine server: streams over ``POST /generate``."""
+
+    def __init__(self, url: str, *, engine_id: str | None = None, connect_timeout_s: float = 5.0,
+                 idle_timeout_s: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        self.engine_id = engine_id or self.url
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=idle_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._session_loop: asyncio.AbstractEventLoop | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        # A session belongs to the event loop that created it; callers may run several loops.
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._session_loop is not loop:
+            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            self._session_loop = loop
+        return self._session
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        finished = False
+        try:
+            async with self._client().post(f"{self.url}/generate", data=_encoder.encode(request)) as response:
+                if response.status != 200:
+                    text = await response.text()
+                    if response.status >= 500:
+                        raise EngineDied(f"engine {self.engine_id}: HTTP {response.status}: {text[:200]}")
+                    raise ValueError(f"engine {self.engine_id} refused request {request.request_id}: "
+                                     f"HTTP {response.status}: {text[:200]}")
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event = _event_decoder.decode(line)
+                    yield event
+                    if event.finish_reason is not None:
+                        finished = True
+                        return
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as exc:
+            raise EngineDied(f"engine {self.engine_id} failed during request {request.request_id}: "
+                             f"{type(exc).__name__}: {exc}") from exc
+        if not finished:
+            raise EngineDied(f"engine {self.engine_id} closed the stream of {request.request_id} before it finished")
+
+    async def health(self) -> dict[str, Any]:
+        try:
+            async with self._client().get(f"{self.url}/health", timeout=aiohttp.ClientTimeout(total=5)) as response:
+                data = await response.json()
+                data.setdefault("alive", response.status == 200)
+                return data
+        except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as exc:
+            return {"engine_id": self.engine_id, "alive": False, "error": f"{type(exc).__name__}: {exc}"}
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def _build_engine(args: argparse.Namespace) -> tuple[InferenceEngine, Any]:
+    from relayrl.rollout.engines.torch_engine import TorchEngine
+
+    engine = TorchEngine.from_pretrained(args.model, engine_id=args.engine_id, version=args.version,
+                                         max_batch=args.max_batch, seed=args.seed)
+    tokenizer = None
+    try:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
+    except Exception:  # a model directory without a tokenizer serves token ids only
+        tokenizer = None
+    return engine, tokenizer
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    engine, tokenizer = _build_engine(args)
+    runner = web.AppRunner(build_app(engine, tokenizer=tokenizer, model_name=args.model))
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # the real port when --port 0
+    print(f"READY {port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+    await runner.cleanup()
+    await engine.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve a relayrl torch engine over HTTP.")
+    parser.add_argument("--model", required=True, help="local model directory (config + safetensors)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--engine-id", default=None)
+    parser.add_argument("--version", type=int, default=0, help="policy version of the weights in --model")
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    asyncio.run(_serve(parser.parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,239 @@
+"""The built-in torch engine: a Hugging Face causal LM, batched decoding, kept-set sampling.
+
+A worker thread owns the model. It takes up to ``max_batch`` waiting requests, left-pads their
+prompts into one batch, runs the prefill, then decodes step by step with the model's KV cache,
+sampling every row through :func:`relayrl.algo.sample_tokens` and streaming each token to its
+request's asyncio queue as soon as it is sampled. Requests that arrive during a batch wait for the
+next one (static batching: simple, and enough for CPU and small models; vLLM is the plugin for
+throughput).
+
+Weight updates: :meth:`TorchEngine.pause` blocks until the worker reaches a step boundary;
+:meth:`apply_named_tensors` copies tensors into the parameters in place and bumps the served
+version; :meth:`resume` lets decoding continue. In-flight sequences keep their KV cache and carry
+on with the new weights, and every token records the version that sampled it.
+
+Determinism: a request with ``params.seed`` samples from its own generator, so the same request on
+the same weights yields the same tokens whatever else is in the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import threading
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import torch
+
+from relayrl.algo.sampling import sample_tokens
+from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, StreamEvent, WeightSyncTarget
+
+__all__ = ["TorchEngine"]
+
+
+@dataclasses.dataclass
+class _Pending:
+    request: GenerateRequest
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[StreamEvent | BaseException]
+    cancelled: bool = False
+    """The consumer stopped listening (closed the stream, or its event loop ended): stop generating."""
+
+    def emit(self, item: StreamEvent | BaseException) -> None:
+        if self.cancelled:
+            return
+        try:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+        except RuntimeError:  # the consumer's event loop is closed
+            self.cancelled = True
+
+
+class TorchEngine(InferenceEngine, WeightSyncTarget):
+    """An in-process engine over a ``transformers`` causal LM (see the module docstring)."""
+
+    _ids = itertools.count()
+
+    def __init__(self, model: torch.nn.Module, *, engine_id: str | None = None, version: int = 0,
+                 max_batch: int = 32, pad_token_id: int = 0, seed: int = 0) -> None:
+        self.model = model.eval()
+        self.engine_id = engine_id or f"torch-{next(self._ids)}"
+        self._version = version
+        self.max_batch = max_batch
+        self.pad_token_id = pad_token_id
+        self._generator = torch.Generator().manual_seed(seed)
+        self._device = next(model.parameters()).device
+        self._waiting: list[_Pending] = []
+        self._condition = threading.Condition()
+        # The worker holds _step_lock for each decode step; pause() takes it (so weights only change
+        # between steps) after clearing _resumed (so the worker cannot starve it).
+        self._step_lock = threading.Lock()
+        self._resumed = threading.Event()
+        self._resumed.set()
+        self._closed = False
+        self.cache_generation = 0
+        """Bumped by :meth:`reset_cache`; caches built under an older generation are never reused."""
+        self.steps = 0
+        self._worker = threading.Thread(target=self._work, name=f"{self.engine_id}-worker", daemon=True)
+        self._worker.start()
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32, **kwargs: Any) -> TorchEngine:
+        """Load a causal LM from a local directory (safetensors or torch weights); no downloads."""
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+        return cls(model, **kwargs)
+
+    # ------------------------------------------------------------------ generation
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        if not request.prompt:
+            raise ValueError(f"request {request.request_id}: empty prompt")
+        pending = _Pending(request, asyncio.get_running_loop(), asyncio.Queue())
+        with self._condition:
+            if self._closed:
+                raise RuntimeError(f"engine {self.engine_id} is closed")
+            self._waiting.append(pending)
+            self._condition.notify()
+        finished = False
+        try:
+            while True:
+                item = await pending.queue.get()
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    finished = True
+                    return
+        finally:
+            if not finished:  # abandoned mid-stream: free its batch row
+                pending.cancelled = True
+                with self._condition:
+                    if pending in self._waiting:
+                        self._waiting.remove(pending)
+
+    def _work(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._condition:
+                while not self._waiting and not self._closed:
+                    self._condition.wait()
+                if self._closed and not self._waiting:
+                    return
+                batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch:]
+            try:
+                self._generate_batch(batch)
+            except BaseException as exc:  # report to every caller, keep serving
+                for pending in batch:
+                    pending.emit(exc)
+
+    def _step(self, *args: Any, **kwargs: Any) -> Any:
+        """One model forward, between weight updates."""
+        self._resumed.wait()
+        with self._step_lock:
+            return self.model(*args, **kwargs)
+
+    def _generate_batch(self, batch: list[_Pending]) -> None:
+        device = self._device
+        prompts = [pending.request.prompt for pending in batch]
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long, device=device)
+        attention = torch.zeros((len(batch), width), dtype=torch.long, device=device)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+            attention[row, width - len(prompt):] = 1
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        generators = [torch.Generator().manual_seed(p.request.params.seed) if p.request.params.seed is not None else None
+                      for p in batch]
+        produced = [0] * len(batch)
+        finished = [False] * len(batch)
+        cache = None
+        while True:
+            output = self._step(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+                                cache=cache, use_cache=True, logits_to_keep=1)
+            cache = output.cache if hasattr(output, "cache") else output.past_key_values
+            logits = output.logits[:, -1, :].float()
+            self.steps += 1
+            version = self._version
+            next_tokens = torch.full((len(batch),), self.pad_token_id, dtype=torch.long)
+            for row, pending in enumerate(batch):
+                finished[row] = finished[row] or pending.cancelled
+                if finished[row]:
+                    continue
+                params = pending.request.params
+                result = sample_tokens(logits[row:row + 1], temperature=params.temperature, top_p=params.top_p,
+                                       top_k=params.top_k, max_kept=params.max_kept or None,
+                                       generator=generators[row] or self._generator)
+                token = int(result.tokens[0])
+                next_tokens[row] = token
+                produced[row] += 1
+                finish = None
+                if token in params.stop_token_ids:
+                    finish = "stop"
+                elif produced[row] >= params.max_tokens:
+                    finish = "length"
+                pending.emit(StreamEvent(tokens=[token], logprobs=[float(result.logprobs[0])], versions=[version],
+                                         kept=[result.kept.row(0)], engine_id=self.engine_id, finish_reason=finish))
+                finished[row] = finish is not None
+            if all(finished):
+                return
+            input_ids = next_tokens.unsqueeze(1).to(device)
+            attention = torch.cat([attention, torch.ones((len(batch), 1), dtype=attention.dtype, device=device)], dim=1)
+            positions = positions[:, -1:] + 1
+
+    # ------------------------------------------------------------------ weight-sync adapter
+    @property
+    def served_version(self) -> int:
+        return self._version
+
+    def pause(self, timeout_s: float = 60.0) -> None:
+        self._resumed.clear()
+        if not self._step_lock.acquire(timeout=timeout_s):
+            self._resumed.set()
+            raise TimeoutError(f"engine {self.engine_id} did not reach a step boundary within {timeout_s} s")
+
+    def resume(self) -> None:
+        if self._resumed.is_set():
+            return
+        self._step_lock.release()
+        self._resumed.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._resumed.is_set()
+
+    def apply_named_tensors(self, tensors: Mapping[str, Any], version: int) -> None:
+        if not self.paused:
+            raise RuntimeError(f"engine {self.engine_id}: pause() before apply_named_tensors()")
+        state = self.model.state_dict()
+        unknown = sorted(set(tensors) - set(state))
+        if unknown:
+            raise KeyError(f"engine {self.engine_id}: no parameters named {unknown[:5]}")
+        with torch.no_grad():
+            for name, value in tensors.items():
+                target = state[name]
+                source = torch.as_tensor(value)
+                if source.shape != target.shape:
+                    raise ValueError(f"engine {self.engine_id}: {name} has shape {tuple(target.shape)}, "
+                                     f"update has {tuple(source.shape)}")
+                target.copy_(source)
+        self._version = version
+        self.reset_cache()
+
+    def reset_cache(self) -> None:
+        self.cache_generation += 1
+
+    async def close(self) -> None:
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+        self.resume()
+        await asyncio.get_running_loop().run_in_executor(None, self._worker.join, 10.0)
+
+    async def health(self) -> dict[str, Any]:
+        return {"engine_id": self.engine_id, "version": self._version, "waiting": len(self._waiting),
+                "steps": self.steps, "alive": self._worker.is_alive(), "paused": self.paused}
+

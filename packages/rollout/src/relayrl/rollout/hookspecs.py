@@ -1,0 +1,42 @@
+"""Hook specifications owned by relayrl-rollout (documented in ``docs/plugins.md``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from relayrl.core.plugins import Registration, hookspec
+
+
+@hookspec
+def relayrl_rollout_engines() -> Iterable[Registration[Any]]:
+    """Inference engine backends, one :class:`Registration` per name.
+
+    ``factory(model: str, **options)`` returns an engine serving the model directory ``model``:
+    an :class:`relayrl.rollout.protocol.InferenceEngine` that, to take weight updates in place, is
+    also a :class:`relayrl.rollout.protocol.WeightSyncTarget`. It must pass
+    ``relayrl.rollout.testing.EngineTests``. Built in: ``torch``.
+    """
+
+
+@hookspec
+def relayrl_rollout_routers() -> Iterable[Registration[Any]]:
+    """Routers, one :class:`Registration` per name.
+
+    ``factory(engines: list[InferenceEngine], **options)`` returns an ``InferenceEngine`` that
+    routes each request to one of ``engines``, retries failures before the first token elsewhere,
+    and raises ``EngineDied`` for failures after it (the token-recording proxy resumes those). It
+    must pass ``relayrl.rollout.testing.RouterTests``. Built in: ``round-robin``, ``least-loaded``.
+    """
+
+
+@hookspec
+def relayrl_rollout_harnesses() -> Iterable[Registration[Any]]:
+    """Agent harnesses: how one task becomes one trajectory.
+
+    ``factory(config)`` (a class with a ``Config`` section, like the engines' options) returns an
+    object with ``async run(task, *, proxy, tools, chat, sampling, group_id, sample_index) ->
+    Trajectory``. Generation must go through ``proxy`` (the token-recording proxy) and the context
+    must be built from rendered and generated tokens, never re-tokenised text. Built in:
+    ``coding-agent`` (multi-turn, parallel tool calls, self-compaction) and ``single-turn``.
+    """

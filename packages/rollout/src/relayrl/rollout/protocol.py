@@ -1,0 +1,138 @@
+"""The inference-engine protocol: token-level requests, streamed events, and weight-update hooks.
+
+Everything here is token-level. A request carries prompt token ids and sampling parameters; an
+engine streams :class:`StreamEvent`s, each with the tokens it sampled since the last event and,
+for every token, its logprob under the truncated distribution actually sampled from, the policy
+version of the weights that produced it, and its kept-set. :func:`collect_span` folds a stream
+into a :class:`relayrl.core.wire.GeneratedSpan`, the record the trainer replays.
+
+Engines also implement the weight-sync side (pause, apply in place, resume, served version, cache
+reset), so a weight controller can update them while they serve.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from relayrl.core.wire import GeneratedSpan
+
+__all__ = ["EngineDied", "GenerateRequest", "InferenceEngine", "SamplingParams", "StreamEvent", "WeightSyncTarget",
+           "collect_span"]
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
+    """How to sample; mirrors ``[algo.sampling]`` plus per-request limits."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_kept: int = 0
+    """Cap on kept-set size; 0 = no cap."""
+    stop_token_ids: list[int] = []
+    seed: int | None = None
+    """Per-request seed: the same request on the same weights samples the same tokens."""
+
+
+class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams = SamplingParams()
+
+
+class StreamEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """Tokens sampled since the previous event (usually one), or the end of the stream."""
+
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    kept: list[list[int]] = []
+    """Kept-set of each token (``[]`` = the full vocabulary)."""
+    engine_id: str = ""
+    finish_reason: str | None = None
+    """Set on the last event: ``stop`` (a stop token), ``length`` (max_tokens), ``abort``."""
+
+
+class EngineDied(RuntimeError):
+    """The engine serving a stream went away (connection lost, process killed)."""
+
+
+class InferenceEngine(abc.ABC):
+    """Something that generates token streams: an engine, an engine server's client, a router.
+
+    Implementations: the built-in torch engine, the HTTP client of an engine server, and plugins
+    (vLLM). Every engine passes ``relayrl.rollout.testing.EngineTests``.
+    """
+
+    engine_id: str
+
+    @abc.abstractmethod
+    def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        """Generate for ``request``, yielding events as tokens are sampled; the last has a finish reason.
+
+        Raises :class:`EngineDied` if the engine goes away mid-stream.
+        """
+
+    async def generate(self, request: GenerateRequest) -> GeneratedSpan:
+        """The whole generation as one span."""
+        return collect_span([event async for event in self.stream(request)])
+
+    async def health(self) -> dict[str, Any]:
+        """Liveness and load: at least ``engine_id``, ``version`` and ``alive``."""
+        return {"engine_id": self.engine_id, "alive": True}
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
+        """Release resources (threads, sessions)."""
+
+
+class WeightSyncTarget(abc.ABC):
+    """The weight-sync side of an engine: a controller pauses it, applies a version in place, resumes."""
+
+    @property
+    @abc.abstractmethod
+    def served_version(self) -> int:
+        """Policy version of the weights being served."""
+
+    @abc.abstractmethod
+    def pause(self) -> None:
+        """Stop between decode steps (blocking until stopped); in-flight sequences keep their KV cache."""
+
+    @abc.abstractmethod
+    def resume(self) -> None:
+        """Continue after :meth:`pause`."""
+
+    @abc.abstractmethod
+    def apply_named_tensors(self, tensors: Mapping[str, Any], version: int) -> None:
+        """Copy ``tensors`` (name -> tensor, a subset of the state dict) into the weights in place,
+        while paused, and serve ``version`` from now on. Caches keyed by weights are invalidated."""
+
+    @abc.abstractmethod
+    def reset_cache(self) -> None:
+        """Drop every cache that depends on the weights."""
+
+
+def collect_span(events: Iterable[StreamEvent]) -> GeneratedSpan:
+    """Fold a stream of events into one :class:`GeneratedSpan`."""
+    tokens: list[int] = []
+    logprobs: list[float] = []
+    versions: list[int] = []
+    kept: list[list[int]] = []
+    engine_ids: dict[str, int] = {}
+    finish_reason = ""
+    for event in events:
+        tokens += event.tokens
+        logprobs += event.logprobs
+        versions += event.versions
+        kept += event.kept
+        if event.tokens:
+            engine_ids[event.engine_id] = engine_ids.get(event.engine_id, 0) + len(event.tokens)
+        if event.finish_reason:
+            finish_reason = event.finish_reason
+    engine = max(engine_ids, key=engine_ids.__getitem__) if engine_ids else ""
+    record_kept = any(kept)
+    return GeneratedSpan.build(tokens, logprobs, versions, kept=kept if record_kept else None, engine_id=engine,
+                               finish_reason=finish_reason)

@@ -1,0 +1,183 @@
+"""The coding agent loop with a scripted model: parallel tools, malformed calls, compaction, budgets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import string
+from collections.abc import AsyncIterator
+
+import pytest
+
+from relayrl.core.wire import TaskSpec, ToolCall, ToolResult
+from relayrl.rollout.agent import AgentConfig, CodingAgent, SingleTurn
+from relayrl.rollout.chat import CharTokenizer, PlainChatFormat, parse_tool_calls
+from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams, StreamEvent
+from relayrl.rollout.routing import TokenRecordingProxy
+
+TOKENIZER = CharTokenizer(string.printable)
+CHAT = PlainChatFormat(TOKENIZER)
+
+
+def call(name: str, **arguments) -> str:
+    return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
+
+
+class ScriptedEngine(InferenceEngine):
+    """Answers with scripted texts in order, and with a summary whenever asked to compact.
+
+    A test double for the engine, used to test the agent loop around it. It records every token
+    it emits, so the test can check the trajectory holds exactly those tokens.
+    """
+
+    engine_id = "scripted"
+
+    def __init__(self, replies: list[str], compaction_prompt: str) -> None:
+        self.replies = list(replies)
+        self.compaction_prompt = compaction_prompt
+        self.summaries = 0
+        self.emitted: list[list[int]] = []
+        self.prompts: list[list[int]] = []
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        self.prompts.append(request.prompt)
+        prompt_text = TOKENIZER.decode(request.prompt)
+        if prompt_text.rstrip().endswith(f"{self.compaction_prompt}<|end|>\n<|assistant|>"):
+            self.summaries += 1
+            text = f"summary {self.summaries}: tests located, fix pending"
+        else:
+            text = self.replies.pop(0)
+        tokens = (TOKENIZER.encode(text) + CHAT.stop_token_ids())[: request.params.max_tokens]
+        self.emitted.append(tokens)
+        for index, token in enumerate(tokens):
+            last = index == len(tokens) - 1
+            finish = ("stop" if token in request.params.stop_token_ids else "length") if last else None
+            yield StreamEvent(tokens=[token], logprobs=[-0.25], versions=[7], kept=[[token, 0]],
+                              engine_id=self.engine_id, finish_reason=finish)
+
+
+class RecordingTools:
+    """Runs `echo` and `wait` calls concurrently and records the peak concurrency."""
+
+    tool_names = ("echo", "wait")
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.peak = 0
+        self.calls: list[ToolCall] = []
+
+    async def _one(self, call: ToolCall) -> ToolResult:
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        await asyncio.sleep(0.02)
+        self.active -= 1
+        return ToolResult(call_id=call.id, output=str(call.arguments.get("text", "")), wall_time_s=0.02)
+
+    async def execute(self, calls):
+        self.calls += calls
+        return list(await asyncio.gather(*(self._one(call) for call in calls)))
+
+
+TASK = TaskSpec(task_id="t1", instruction="Fix the failing test in calc.py.")
+
+
+def run_agent(replies, config: AgentConfig, tools=None):
+    engine = ScriptedEngine(replies, config.compaction_prompt)
+    tools = tools or RecordingTools()
+    trajectory = asyncio.run(CodingAgent(config).run(
+        TASK, proxy=TokenRecordingProxy(engine), tools=tools, chat=CHAT, sampling=SamplingParams(),
+        group_id="g", sample_index=0))
+    return trajectory, engine, tools
+
+
+def test_parallel_calls_results_in_order_and_two_compactions():
+    config = AgentConfig(context_limit=900, summary_max_tokens=60, max_tokens_per_turn=200,
+                         system_prompt="sys", compaction_prompt="Summarise now.")
+    replies = [
+        "look " + call("echo", text="a") + call("echo", text="b") + call("wait"),
+        "more " + call("echo", text="c") + call("echo", text="d"),
+        "again " + call("echo", text="e" * 40),
+        "then " + call("echo", text="f" * 40),
+        "still " + call("echo", text="g" * 40),
+        "done: the fix is in calc.py",
+    ]
+    trajectory, engine, tools = run_agent(replies, config)
+    assert trajectory.status == "ok"
+    assert [segment.reason for segment in trajectory.segments] == ["start", "compaction", "compaction"]
+    assert trajectory.segments[1].summary == "summary 1: tests located, fix pending"
+    assert trajectory.segments[2].summary == "summary 2: tests located, fix pending"
+    assert engine.summaries == 2 and trajectory.metrics["compactions"] == 2.0
+    # A new segment starts from the task and the summary.
+    user = trajectory.segments[1].turns[1]
+    assert user.role == "user" and "Fix the failing test" in user.text and "summary 1" in user.text
+    # Parallel tool calls ran concurrently and came back in call order.
+    assert tools.peak == 3
+    first_tool_turn = trajectory.segments[0].turns[3]
+    assert [result.output for result in first_tool_turn.tool_results] == ["a", "b", ""]
+    # Every token the engine produced is in the trajectory, in order, and nothing else was generated.
+    spans = trajectory.generated_spans()
+    assert [list(span.token_ids()) for span in spans] == engine.emitted
+    assert all(set(span.token_versions()) == {7} for span in spans)
+    # Each prompt was exactly the segment's tokens so far (context and generated, never
+    # re-tokenised) plus the assistant prefix.
+    prompts = iter(engine.prompts)
+    for segment in trajectory.segments:
+        context: list[int] = []
+        for turn in segment.turns:
+            if turn.role == "assistant":
+                assert next(prompts) == context + list(turn.context_token_ids())
+            context += list(turn.context_token_ids())
+            if turn.generated is not None:
+                context += list(turn.generated.token_ids())
+    assert trajectory.num_turns == len(engine.emitted)
+
+
+def test_malformed_unknown_and_excess_calls_get_errors_not_crashes():
+    config = AgentConfig(max_tool_calls_per_turn=2, system_prompt="s")
+    replies = ["<tool_call>{not json}</tool_call>" + call("rm_rf") + call("echo", text="x"), "ok"]
+    trajectory, _, tools = run_agent(replies, config)
+    results = trajectory.segments[0].turns[3].tool_results
+    assert "not valid JSON" in results[0].error
+    assert "unknown tool 'rm_rf'" in results[1].error
+    assert "too many tool calls in one turn (limit 2)" in results[2].error
+    assert tools.calls == []  # nothing ran
+    assert trajectory.status == "ok"
+
+
+def test_turn_budget_ends_the_trajectory():
+    config = AgentConfig(max_turns=2, system_prompt="s")
+    replies = [call("echo", text=str(index)) for index in range(5)]
+    trajectory, _, _ = run_agent(replies, config)
+    assert trajectory.status == "budget_exhausted" and trajectory.num_turns == 2
+
+
+def test_context_exhausted_after_max_compactions():
+    config = AgentConfig(context_limit=400, summary_max_tokens=40, max_tokens_per_turn=100, max_compactions=1,
+                         system_prompt="s", compaction_prompt="Summarise.")
+    replies = [call("echo", text="z" * 20) for _ in range(10)]
+    trajectory, _, _ = run_agent(replies, config)
+    assert trajectory.status == "context_exhausted" and len(trajectory.segments) == 2
+
+
+def test_single_turn_harness():
+    engine = ScriptedEngine(["42"], "unused")
+    trajectory = asyncio.run(SingleTurn().run(TASK, proxy=TokenRecordingProxy(engine), tools=None, chat=CHAT,
+                                              sampling=SamplingParams(), group_id="g", sample_index=3))
+    (turn,) = [turn for turn in trajectory.segments[0].turns if turn.role == "assistant"]
+    assert turn.text == "42" and trajectory.sample_index == 3
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('<tool_call>{"name": "bash", "arguments": {"command": "ls"}}</tool_call>', [("bash", {"command": "ls"})]),
+    ('a<tool_call>{"name": "x"}</tool_call>b<tool_call>{"name": "y", "arguments": {}}</tool_call>',
+     [("x", {}), ("y", {})]),
+    ("no calls here", []),
+])
+def test_parse_tool_calls(text, expected):
+    assert [(call.name, call.arguments) for call in parse_tool_calls(text)] == expected
+
+
+def test_char_tokenizer_round_trip_and_specials():
+    ids = TOKENIZER.encode("a<|end|>b")
+    assert len(ids) == 3 and ids[1] == TOKENIZER.eos_token_id
+    assert TOKENIZER.decode(ids) == "a<|end|>b"

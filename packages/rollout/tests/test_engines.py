@@ -1,0 +1,95 @@
+"""The torch engine (in process and behind its HTTP server) against the engine conformance suite."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+
+import pytest
+
+from relayrl.rollout.engines.http import HttpEngine
+from relayrl.rollout.engines.torch_engine import TorchEngine
+from relayrl.rollout.protocol import GenerateRequest, SamplingParams
+from relayrl.rollout.testing import EngineTests, tiny_llama
+
+
+class TestTorchEngine(EngineTests):
+    @pytest.fixture
+    def reference_model(self):
+        return tiny_llama(seed=0)
+
+    @pytest.fixture
+    def engine(self, reference_model):
+        engine = TorchEngine(tiny_llama(seed=0), engine_id="torch-test", version=3)
+        yield engine
+        asyncio.run(engine.close())
+
+
+class TestHttpEngine(EngineTests):
+    """The same engine behind its HTTP server, in its own process."""
+
+    @pytest.fixture
+    def server(self, shared_engine_server):
+        return shared_engine_server
+
+    @pytest.fixture
+    def reference_model(self, tiny_model_dir):
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True).eval()
+
+    @pytest.fixture
+    def engine(self, server):
+        engine = HttpEngine(server.url, engine_id="http-engine")
+        yield engine
+        asyncio.run(engine.close())
+
+    def test_openai_completions_endpoint(self, server):
+        body = json.dumps({"prompt": [1, 4, 6], "max_tokens": 5, "seed": 1}).encode()
+        request = urllib.request.Request(f"{server.url}/v1/completions", data=body,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.load(response)
+        assert answer["object"] == "text_completion" and answer["usage"]["completion_tokens"] == 5
+        assert answer["choices"][0]["finish_reason"] == "length"
+
+    def test_health(self, server):
+        health = asyncio.run(HttpEngine(server.url).health())
+        assert health["alive"] and health["engine_id"] == "http-engine" and health["version"] == 0
+
+
+def test_weight_update_requires_pause():
+    engine = TorchEngine(tiny_llama(seed=0))
+    with pytest.raises(RuntimeError, match="pause"):
+        engine.apply_named_tensors({}, 1)
+    engine.pause()
+    with pytest.raises(KeyError, match="no parameters named"):
+        engine.apply_named_tensors({"nope": 1}, 1)
+    engine.resume()
+    asyncio.run(engine.close())
+
+
+def test_empty_prompt_is_refused():
+    engine = TorchEngine(tiny_llama(seed=0))
+
+    async def go():
+        return await engine.generate(GenerateRequest(request_id="x", prompt=[], params=SamplingParams()))
+
+    with pytest.raises(ValueError, match="empty prompt"):
+        asyncio.run(go())
+    asyncio.run(engine.close())
+
+
+def test_builtin_registrations_build_engines_and_routers(tiny_model_dir):
+    from relayrl.core.plugins import registrations
+    from relayrl.rollout.routing import Router
+
+    engine = registrations(None, "relayrl_rollout_engines")["torch"].factory(str(tiny_model_dir), engine_id="reg")
+    assert isinstance(engine, TorchEngine) and engine.engine_id == "reg"
+    routers = registrations(None, "relayrl_rollout_routers")
+    router = routers["least-loaded"].factory([engine], retries=1)
+    assert isinstance(router, Router) and router.policy == "least-loaded" and router.retries == 1
+    span = asyncio.run(router.generate(GenerateRequest(request_id="x", prompt=[1, 2], params=SamplingParams(max_tokens=3))))
+    assert len(span) == 3
+    asyncio.run(router.close())

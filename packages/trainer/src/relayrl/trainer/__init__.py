@@ -1,0 +1,1 @@
+"""relayrl-trainer: replay-aware RL training steps over scored groups."""

@@ -1,0 +1,30 @@
+"""relayrl-trainer's own plugin: its hookspecs, the torch backend and the ``[trainer]`` section."""
+
+from __future__ import annotations
+
+from relayrl.core.plugins import Registration, hookimpl
+
+
+@hookimpl
+def relayrl_addhooks(pluginmanager):
+    from relayrl.trainer import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
+
+
+@hookimpl
+def relayrl_core_config_sections():
+    from relayrl.trainer.config import TrainerSection
+
+    yield Registration("trainer", TrainerSection, "trainer backend, micro-batching, clipping, batch size")
+
+
+def _torch_trainer(model, **kwargs):
+    from relayrl.trainer.torch_backend import TorchTrainer
+
+    return TorchTrainer(model, **kwargs)
+
+
+@hookimpl
+def relayrl_trainer_backends():
+    yield Registration("torch", _torch_trainer, "one process, plain torch: replay, correction, loss, Muon + AdamW")

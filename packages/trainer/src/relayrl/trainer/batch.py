@@ -1,0 +1,161 @@
+"""From scored groups to padded training tensors, split into micro-batches by token budget.
+
+Every :class:`relayrl.core.wire.TrajectorySegment` (one context window) becomes one training
+*sequence*: the concatenation, in order, of each turn's context tokens and generated tokens, which
+is exactly the token sequence the engine saw. A position holding a generated token is a *target*:
+the logits one position earlier predict it, and it carries the behaviour logprob, kept-set and
+policy version the engine recorded. Context positions (prompts, tool output, summaries asked for)
+are never targets. All segments of a trajectory share its reward and therefore its advantage.
+
+The layout is padded ``[S, L]`` on the right. Kept-sets of the targets are stored in CSR in
+row-major target order (sequence, then position), which is the order ``mask.nonzero()`` yields.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from relayrl.algo.sampling import KeptSets
+from relayrl.core.wire import Group, Trajectory
+
+__all__ = ["SequenceBatch", "build_sequences", "split_by_token_budget"]
+
+
+@dataclasses.dataclass
+class SequenceBatch:
+    """Padded training sequences; ``S`` sequences of at most ``L`` tokens."""
+
+    input_ids: torch.Tensor
+    """``[S, L]`` int64 (padding 0)."""
+    attention_mask: torch.Tensor
+    """``[S, L]`` 1 for real tokens."""
+    target_mask: torch.Tensor
+    """``[S, L]`` bool: positions holding a generated (trained) token."""
+    behavior_logprobs: torch.Tensor
+    """``[S, L]`` float32: the engine's recorded logprob at target positions, 0 elsewhere."""
+    versions: torch.Tensor
+    """``[S, L]`` int64: policy version of each target token, -1 elsewhere."""
+    kept: KeptSets
+    """Kept-sets of the targets in row-major target order (empty rows = full vocabulary)."""
+    sequence_trajectory: torch.Tensor
+    """``[S]``: index into ``trajectories`` of each sequence."""
+    trajectories: list[Trajectory]
+    group_ids: torch.Tensor
+    """``[T]``: group index of each trajectory (for advantage estimation)."""
+
+    @property
+    def num_targets(self) -> int:
+        return int(self.target_mask.sum())
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    def rewards(self) -> torch.Tensor:
+        return torch.tensor([trajectory.reward for trajectory in self.trajectories], dtype=torch.float32)
+
+    def staleness(self, trainer_version: int) -> torch.Tensor:
+        """``[S]``: trainer version minus the oldest policy version of each sequence's targets."""
+        versions = torch.where(self.target_mask, self.versions, torch.full_like(self.versions, 2**62))
+        oldest = versions.min(dim=1).values
+        return torch.where(oldest < 2**62, trainer_version - oldest, torch.zeros_like(oldest))
+
+    def select(self, rows: Sequence[int]) -> SequenceBatch:
+        """The sub-batch of sequences ``rows`` (trajectories and groups kept whole for indexing)."""
+        index = torch.tensor(list(rows), dtype=torch.int64)
+        counts = self.target_mask.sum(dim=1)
+        starts = torch.zeros(len(counts) + 1, dtype=torch.int64)
+        starts[1:] = counts.cumsum(0)
+        kept_parts = []
+        for row in rows:
+            first, last = int(starts[row]), int(starts[row + 1])
+            kept_parts.append(KeptSets(self.kept.offsets[first:last + 1], self.kept.ids))
+        width = int(self.attention_mask[index].sum(dim=1).max()) if len(rows) else 0
+        return SequenceBatch(
+            input_ids=self.input_ids[index, :width], attention_mask=self.attention_mask[index, :width],
+            target_mask=self.target_mask[index, :width], behavior_logprobs=self.behavior_logprobs[index, :width],
+            versions=self.versions[index, :width], kept=KeptSets.concat(kept_parts),
+            sequence_trajectory=self.sequence_trajectory[index], trajectories=self.trajectories,
+            group_ids=self.group_ids)
+
+
+def build_sequences(groups: Sequence[Group]) -> SequenceBatch:
+    """Lay out every segment of every trajectory of ``groups`` as a padded training sequence."""
+    trajectories: list[Trajectory] = []
+    group_index: list[int] = []
+    rows: list[tuple[int, list[int], list[int], list[float], list[int], list[list[int]]]] = []
+    for g, group in enumerate(groups):
+        for trajectory in group.trajectories:
+            t = len(trajectories)
+            trajectories.append(trajectory)
+            group_index.append(g)
+            for segment in trajectory.segments:
+                tokens: list[int] = []
+                targets: list[int] = []
+                logprobs: list[float] = []
+                versions: list[int] = []
+                kept: list[list[int]] = []
+                for turn in segment.turns:
+                    tokens += list(turn.context_token_ids())
+                    span = turn.generated
+                    if span is None or not len(span):
+                        continue
+                    start = len(tokens)
+                    tokens += list(span.token_ids())
+                    targets += range(start, start + len(span))
+                    logprobs += list(span.token_logprobs())
+                    versions += span.token_versions()
+                    kept += [span.kept_set(i) for i in range(len(span))] if span.has_kept_sets else [[]] * len(span)
+                if targets:
+                    if targets[0] == 0:
+                        raise ValueError(f"trajectory {trajectory.trajectory_id}: a generated token at position 0 "
+                                         "has no context to be predicted from")
+                    rows.append((t, tokens, targets, logprobs, versions, kept))
+    if not rows:
+        raise ValueError("no generated tokens in these groups: nothing to train on")
+    width = max(len(tokens) for _, tokens, *_ in rows)
+    count = len(rows)
+    input_ids = torch.zeros((count, width), dtype=torch.int64)
+    attention = torch.zeros((count, width), dtype=torch.int64)
+    target_mask = torch.zeros((count, width), dtype=torch.bool)
+    behavior = torch.zeros((count, width), dtype=torch.float32)
+    versions_t = torch.full((count, width), -1, dtype=torch.int64)
+    kept_rows: list[list[int]] = []
+    for row, (_, tokens, targets, logprobs, versions, kept) in enumerate(rows):
+        input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
+        attention[row, : len(tokens)] = 1
+        index = torch.tensor(targets, dtype=torch.int64)
+        target_mask[row, index] = True
+        behavior[row, index] = torch.tensor(logprobs, dtype=torch.float32)
+        versions_t[row, index] = torch.tensor(versions, dtype=torch.int64)
+        kept_rows += kept
+    return SequenceBatch(input_ids=input_ids, attention_mask=attention, target_mask=target_mask,
+                         behavior_logprobs=behavior, versions=versions_t, kept=KeptSets.from_rows(kept_rows),
+                         sequence_trajectory=torch.tensor([row[0] for row in rows], dtype=torch.int64),
+                         trajectories=trajectories, group_ids=torch.tensor(group_index, dtype=torch.int64))
+
+
+def split_by_token_budget(batch: SequenceBatch, max_tokens: int) -> list[tuple[torch.Tensor, SequenceBatch]]:
+    """Micro-batches of whole sequences whose padded size (rows x longest) stays within ``max_tokens``.
+
+    Returns ``(rows, micro_batch)`` pairs, ``rows`` indexing the sequences of ``batch``.
+
+    Sequences are sorted by length so that similar lengths share a micro-batch (less padding); a
+    sequence longer than the budget gets a micro-batch of its own.
+    """
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    order = sorted(range(len(lengths)), key=lambda row: lengths[row])
+    parts: list[list[int]] = []
+    current: list[int] = []
+    for row in order:
+        longest = max([lengths[r] for r in current] + [lengths[row]])
+        if current and longest * (len(current) + 1) > max_tokens:
+            parts.append(current)
+            current = []
+        current.append(row)
+    if current:
+        parts.append(current)
+    return [(torch.tensor(sorted(part), dtype=torch.int64), batch.select(sorted(part))) for part in parts]

@@ -1,0 +1,20 @@
+"""Hook specifications owned by relayrl-trainer (documented in ``docs/plugins.md``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from relayrl.core.plugins import Registration, hookspec
+
+
+@hookspec
+def relayrl_trainer_backends() -> Iterable[Registration[Any]]:
+    """Trainer backends, selected by ``[trainer] backend``.
+
+    ``factory(model, *, algo, config, version)`` returns a trainer with ``step(groups) -> metrics``
+    (one optimiser step over a batch of scored groups), ``accumulate_gradients(groups)``,
+    ``version`` (the policy version of its weights), ``model`` and ``optimizer``. A sharded backend
+    (DeepSpeed ZeRO) also yields its parameters tensor by tensor for publishing, gathering shards
+    one tensor at a time. Built in: ``torch``.
+    """

@@ -1,0 +1,114 @@
+"""The training objective of one batch, shared by every trainer backend.
+
+A backend owns the model, its forward/backward and the optimiser; :class:`BatchObjective` owns what
+happens between the logits and the scalar to differentiate: gathering the logits of target
+positions, replaying their logprobs over the recorded kept-sets, the mismatch correction against
+the behaviour logprobs, the configured loss with the batch's global denominator, an optional
+entropy bonus, and the per-step metrics.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from relayrl.algo.config import AlgoSection, build
+from relayrl.algo.correction import MismatchInputs
+from relayrl.algo.losses import LossInputs
+from relayrl.algo.monitors import behaviour_metrics
+from relayrl.algo.sampling import full_entropy, replay_logprobs
+from relayrl.trainer.batch import SequenceBatch
+
+__all__ = ["BatchObjective"]
+
+
+class BatchObjective:
+    """Advantage estimator, loss and correction from ``[algo]``, applied micro-batch by micro-batch."""
+
+    def __init__(self, algo: AlgoSection, *, entropy_coef: float = 0.0, pm: Any = None) -> None:
+        self.advantage = build("relayrl_algo_advantage_estimators", "advantage estimator", algo.advantage,
+                               algo.advantage_options, pm=pm, path="algo.advantage")
+        self.loss = build("relayrl_algo_losses", "loss", algo.loss, algo.loss_options, pm=pm, path="algo.loss")
+        self.correction = build("relayrl_algo_mismatch_corrections", "mismatch correction", algo.correction,
+                                algo.correction_options, pm=pm, path="algo.correction")
+        self.temperature = algo.sampling.temperature
+        self.entropy_coef = entropy_coef
+
+    def denominator(self, batch: SequenceBatch) -> float:
+        """The global normaliser of the loss's aggregation over the whole batch (all micro-batches, all ranks)."""
+        aggregation = getattr(getattr(self.loss, "config", None), "aggregation", "token-mean")
+        if aggregation == "token-mean":
+            return float(batch.num_targets)
+        if aggregation == "constant":
+            return float(getattr(self.loss.config, "normalizer", 0.0) or batch.num_targets)
+        return float(int((batch.target_mask.sum(dim=1) > 0).sum()))
+
+    def micro_loss(self, logits: torch.Tensor, micro: SequenceBatch, advantages: torch.Tensor,
+                   staleness: torch.Tensor, denominator: float, sums: Counter[str]) -> torch.Tensor:
+        """The scalar to differentiate for one micro-batch, given the model's logits ``[S, L, V]``."""
+        logits = logits[:, :-1]
+        targets = micro.target_mask[:, 1:]
+        target_logits = logits[targets]
+        tokens = micro.input_ids[:, 1:][targets]
+        logprobs_flat, kept_entropy = replay_logprobs(target_logits, tokens, micro.kept, temperature=self.temperature,
+                                                      return_kept_entropy=True)
+        logprobs = torch.zeros(targets.shape, dtype=logprobs_flat.dtype,
+                               device=logprobs_flat.device).masked_scatter(targets, logprobs_flat)
+        behaviour = micro.behavior_logprobs[:, 1:]
+        correction = self.correction(MismatchInputs(old_logprobs=logprobs.detach(), behavior_logprobs=behaviour,
+                                                    mask=targets.float(), staleness=staleness))
+        output = self.loss(LossInputs(logprobs=logprobs, old_logprobs=logprobs.detach(), advantages=advantages,
+                                      mask=correction.mask, is_weights=correction.weights, denominator=denominator))
+        loss = output.loss
+        entropy = full_entropy(target_logits.detach(), temperature=self.temperature)
+        if self.entropy_coef:
+            log_probs = torch.log_softmax(target_logits.float() / self.temperature, dim=-1)
+            entropy_with_grad = -(log_probs.exp() * log_probs).sum(dim=-1)
+            loss = loss - self.entropy_coef * entropy_with_grad.sum() / max(denominator, 1.0)
+        count = float(targets.sum())
+        # Micro-batch losses are already divided by the global denominator: they add up to the loss.
+        sums["loss"] += float(output.loss.detach())
+        sums["targets"] += count
+        sums["entropy"] += float(entropy.sum())
+        sums["kept_entropy"] += float(kept_entropy.sum())
+        sums["singletons"] += float((micro.kept.counts() == 1).sum())
+        for name, value in {**output.metrics, **correction.metrics}.items():
+            if name.endswith(("_min", "_max")):
+                sums[name] = min(sums.get(name, value), value) if name.endswith("_min") else max(sums.get(name, value), value)
+            else:
+                sums[f"weighted:{name}"] += value * count
+        return loss
+
+    def metrics(self, batch: SequenceBatch, advantage_metrics: dict[str, float], staleness: torch.Tensor,
+                sums: Counter[str]) -> dict[str, float]:
+        """The step's metrics from the whole batch and the sums :meth:`micro_loss` accumulated."""
+        targets = max(sums["targets"], 1.0)
+        rewards = batch.rewards()
+        metrics: dict[str, float] = {
+            "reward/mean": float(rewards.mean()),
+            "reward/std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+            "loss/value": sums["loss"],
+            "entropy/token_mean": sums["entropy"] / targets,
+            "entropy/kept_mean": sums["kept_entropy"] / targets,
+            "tokens/targets": sums["targets"],
+            "tokens/total": float(batch.num_tokens),
+            "tokens/singleton_fraction": sums["singletons"] / targets,
+            "batch/groups": float(int(batch.group_ids.max()) + 1),
+            "batch/trajectories": float(len(batch.trajectories)),
+            "batch/sequences": float(batch.input_ids.shape[0]),
+            **advantage_metrics,
+            **behaviour_metrics(batch.trajectories),
+        }
+        for name, value in sums.items():
+            if name.startswith("weighted:"):
+                metrics[name.removeprefix("weighted:")] = value / targets
+            elif name.endswith(("_min", "_max")):
+                metrics[name] = value
+        for lag, count in sorted(Counter(staleness.tolist()).items()):
+            metrics[f"staleness/hist/{lag}"] = float(count)
+        metrics["staleness/mean"] = float(staleness.float().mean())
+        metrics["staleness/max"] = float(staleness.max())
+        return metrics
+

@@ -1,0 +1,93 @@
+"""The built-in trainer backend: one process, plain torch.
+
+One :meth:`TorchTrainer.step` per batch of groups:
+
+1. lay the groups out as padded sequences (:func:`relayrl.trainer.batch.build_sequences`);
+2. advantages per trajectory from the rewards and groups (``[algo] advantage``);
+3. for each micro-batch (``[trainer] micro_batch_tokens``): forward, then
+   :meth:`BatchObjective.micro_loss` (replay over kept-sets, mismatch correction, loss with the
+   batch's *global* denominator), backward, accumulating gradients;
+4. clip, one optimiser step (Muon + AdamW), bump the policy version.
+
+There is one optimiser step per batch, so the policy the batch is trained from is the current one:
+``old_logprobs`` are the replayed logprobs, detached, and every ratio starts at 1. The
+train/inference mismatch is measured (and corrected) between those and the engine's recorded
+logprobs. Masked tokens contribute 0 and still count in the denominator, so a batch that the
+correction masks heavily takes a proportionally smaller step.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from relayrl.algo.config import AlgoSection
+from relayrl.algo.optim import build_optimizer
+from relayrl.core.wire import Group
+from relayrl.trainer.batch import build_sequences, split_by_token_budget
+from relayrl.trainer.config import TrainerSection
+from relayrl.trainer.objective import BatchObjective
+
+__all__ = ["TorchTrainer"]
+
+
+class TorchTrainer:
+    """Trains a transformers causal LM (or any module returning ``.logits``) on scored groups."""
+
+    def __init__(self, model: torch.nn.Module, *, algo: AlgoSection | None = None, config: TrainerSection | None = None,
+                 version: int = 0, pm: Any = None) -> None:
+        self.model = model
+        self.algo = algo or AlgoSection()
+        self.config = config or TrainerSection()
+        self.version = version
+        self.optimizer, self.optimizer_report = build_optimizer(model, self.algo.optimizer)
+        self.objective = BatchObjective(self.algo, entropy_coef=self.config.entropy_coef, pm=pm)
+
+    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Train on ``groups`` (one optimiser step); return this step's metrics."""
+        started = time.perf_counter()
+        metrics = self.accumulate_gradients(groups)
+        metrics.update(self.apply_gradients())
+        elapsed = time.perf_counter() - started
+        metrics["trainer/step_s"] = elapsed
+        metrics["trainer/tokens_per_s"] = metrics["tokens/total"] / elapsed if elapsed > 0 else 0.0
+        metrics["trainer/version"] = float(self.version)
+        return metrics
+
+    def apply_gradients(self) -> dict[str, float]:
+        """Clip, take the optimiser step on the accumulated gradients, bump the version."""
+        metrics = {}
+        if self.config.grad_clip > 0:
+            metrics["grad/norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        return metrics
+
+    def state_dict(self) -> dict[str, object]:
+        """Model, optimiser and version: what a checkpoint needs from the trainer."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+
+    def accumulate_gradients(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Forward and backward over ``groups`` into ``.grad`` (no optimiser step); return metrics."""
+        self.model.train()
+        batch = build_sequences(groups)
+        advantage = self.objective.advantage(batch.rewards(), batch.group_ids)
+        sequence_advantages = advantage.advantages[batch.sequence_trajectory]
+        staleness = batch.staleness(self.version)
+        denominator = self.objective.denominator(batch)
+        sums: Counter[str] = Counter()
+        for rows, micro in split_by_token_budget(batch, self.config.micro_batch_tokens):
+            logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+            self.objective.micro_loss(logits, micro, sequence_advantages[rows], staleness[rows], denominator,
+                                      sums).backward()
+        return self.objective.metrics(batch, advantage.metrics, staleness, sums)

@@ -1,0 +1,1 @@
+"""relayrl-deepspeed: DeepSpeed ZeRO trainer backend for relayrl."""

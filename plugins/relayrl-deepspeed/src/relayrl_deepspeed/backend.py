@@ -1,0 +1,172 @@
+"""The DeepSpeed ZeRO trainer backend.
+
+Every rank builds the same :class:`relayrl.trainer.batch.SequenceBatch` from the same groups (the
+buffer hands every rank the whole batch), computes advantages and the global denominator on the
+whole of it, splits it into token-budget micro-batches, and processes micro-batches ``rank,
+rank + world, ...``. Each rank runs the same number of forward/backward passes (a rank short of
+micro-batches repeats one with zero weight), because ZeRO-3 gathers parameters collectively in
+every forward. DeepSpeed averages gradients over ranks, so each rank's loss is scaled by the world
+size: the sum over ranks of ``loss_part / global_denominator`` is then exactly the single-process
+loss, and the gradients match the torch backend on the same batch.
+
+Gradient accumulation is relayrl's: ``gradient_accumulation_steps = 1`` in DeepSpeed's config, the
+accumulation boundary set by hand on each rank's last micro-batch, losses already normalised by the
+global denominator (no ``1/gas`` scaling).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from relayrl.algo.config import AlgoSection
+from relayrl.algo.optim import partition_parameters
+from relayrl.core.wire import Group
+from relayrl.trainer.batch import build_sequences, split_by_token_budget
+from relayrl.trainer.config import TrainerSection
+from relayrl.trainer.objective import BatchObjective
+from relayrl_deepspeed.config import DeepSpeedSection
+
+__all__ = ["DeepSpeedTrainer", "deepspeed_config"]
+
+
+def deepspeed_config(algo: AlgoSection, trainer: TrainerSection, ds: DeepSpeedSection, *, use_muon: bool
+                     ) -> dict[str, Any]:
+    """The DeepSpeed JSON config these sections describe."""
+    optimizer = algo.optimizer
+    if use_muon:
+        optimizer_config = {"type": "Muon", "params": {
+            "lr": optimizer.lr, "muon_lr": optimizer.muon_lr if optimizer.muon_lr is not None else optimizer.lr,
+            "adam_lr": optimizer.lr, "momentum": optimizer.muon_momentum, "weight_decay": optimizer.weight_decay,
+            "betas": list(optimizer.betas), "eps": optimizer.eps}}
+    else:
+        # torch_adam: DeepSpeed's fused Adam would JIT-compile a C++ op (~1 min) for no gain here.
+        optimizer_config = {"type": "AdamW", "params": {
+            "lr": optimizer.lr, "betas": list(optimizer.betas), "eps": optimizer.eps,
+            "weight_decay": optimizer.weight_decay, "torch_adam": True}}
+    zero: dict[str, Any] = {"stage": ds.zero_stage}
+    if use_muon and ds.zero_stage == 3:
+        zero["reduce_scatter"] = False  # DeepSpeed's ZeRO-3 Muon needs whole gradients to orthogonalise
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu"}
+    return {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "gradient_clipping": trainer.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": ds.bf16},
+        "optimizer": optimizer_config,
+        "steps_per_print": 2**31 - 1,
+        "wall_clock_breakdown": False,
+    }
+
+
+class DeepSpeedTrainer:
+    """Trainer backend ``deepspeed`` (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, *, algo: AlgoSection | None = None, config: TrainerSection | None = None,
+                 version: int = 0, deepspeed: DeepSpeedSection | None = None, pm: Any = None) -> None:
+        import deepspeed as ds_lib
+
+        self.algo = algo or AlgoSection()
+        self.config = config or TrainerSection()
+        self.ds_section = deepspeed or DeepSpeedSection()
+        self.version = version
+        if not dist.is_initialized():
+            backend = self.ds_section.dist_backend
+            if backend == "auto":
+                backend = "nccl" if torch.cuda.is_available() else "gloo"
+            ds_lib.init_distributed(dist_backend=backend)
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        muon, adamw = partition_parameters(model, self.algo.optimizer)
+        use_muon = self.ds_section.muon and self.algo.optimizer.muon and bool(muon)
+        for _, parameter in muon:
+            parameter.use_muon = use_muon
+        for _, parameter in adamw:
+            parameter.use_muon = False
+        self.ds_config = deepspeed_config(self.algo, self.config, self.ds_section, use_muon=use_muon)
+        self.engine, self.optimizer, _, _ = ds_lib.initialize(
+            model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=self.ds_config)
+        self.model = self.engine.module
+        self.objective = BatchObjective(self.algo, entropy_coef=self.config.entropy_coef, pm=pm)
+
+    @property
+    def zero_stage(self) -> int:
+        return self.ds_section.zero_stage
+
+    def accumulate_gradients(self, groups: Sequence[Group]) -> dict[str, float]:
+        """Forward and backward over this rank's share of ``groups``; gradients reduced at the boundary."""
+        self.engine.train()
+        batch = build_sequences(groups)
+        advantage = self.objective.advantage(batch.rewards(), batch.group_ids)
+        sequence_advantages = advantage.advantages[batch.sequence_trajectory]
+        staleness = batch.staleness(self.version)
+        denominator = self.objective.denominator(batch)
+        parts = split_by_token_budget(batch, self.config.micro_batch_tokens)
+        mine = parts[self.rank::self.world]
+        passes = -(-len(parts) // self.world)  # every rank runs the same number of passes
+        sums: Counter[str] = Counter()
+        for index in range(passes):
+            real = index < len(mine)
+            rows, micro = mine[index] if real else parts[0]
+            self.engine.set_gradient_accumulation_boundary(index == passes - 1)
+            logits = self.engine(input_ids=micro.input_ids.to(self.engine.device),
+                                 attention_mask=micro.attention_mask.to(self.engine.device)).logits
+            loss = self.objective.micro_loss(logits.float(), micro, sequence_advantages[rows], staleness[rows],
+                                             denominator, sums if real else Counter())
+            self.engine.backward(loss * (self.world if real else 0.0), scale_wrt_gas=False)
+        return self.objective.metrics(batch, advantage.metrics, staleness, self._all_reduce(sums))
+
+    def step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """One optimiser step over ``groups`` (every rank passes the same groups)."""
+        started = time.perf_counter()
+        metrics = self.accumulate_gradients(groups)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        if norm is not None:
+            metrics["grad/norm"] = float(norm)
+        self.version += 1
+        elapsed = time.perf_counter() - started
+        metrics["trainer/step_s"] = elapsed
+        metrics["trainer/tokens_per_s"] = metrics["tokens/total"] / elapsed if elapsed > 0 else 0.0
+        metrics["trainer/version"] = float(self.version)
+        metrics["trainer/world_size"] = float(self.world)
+        return metrics
+
+    def _all_reduce(self, sums: Counter[str]) -> Counter[str]:
+        """Sum (or min/max) the per-rank metric sums over ranks; every rank gets the totals."""
+        names = sorted(sums)
+        gathered: list[list[str]] = [[] for _ in range(self.world)]
+        dist.all_gather_object(gathered, names)
+        names = sorted(set().union(*gathered))
+        reduced: Counter[str] = Counter()
+        for op, selected in ((dist.ReduceOp.SUM, [n for n in names if not n.endswith(("_min", "_max"))]),
+                             (dist.ReduceOp.MIN, [n for n in names if n.endswith("_min")]),
+                             (dist.ReduceOp.MAX, [n for n in names if n.endswith("_max")])):
+            if not selected:
+                continue
+            neutral = {dist.ReduceOp.SUM: 0.0, dist.ReduceOp.MIN: float("inf"), dist.ReduceOp.MAX: float("-inf")}[op]
+            values = torch.tensor([float(sums.get(name, neutral)) for name in selected], dtype=torch.float64)
+            dist.all_reduce(values, op=op)
+            reduced.update(dict(zip(selected, values.tolist())))
+        return reduced
+
+    def named_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every parameter, whole, on CPU, one at a time (all ranks must iterate together).
+
+        Under ZeRO-3 each tensor is gathered alone and released before the next, so no rank ever
+        holds the whole model; under ZeRO-1/2 parameters are whole on every rank already.
+        """
+        import deepspeed as ds_lib
+
+        for name, parameter in self.model.named_parameters():
+            if self.zero_stage == 3:
+                with ds_lib.zero.GatheredParameters([parameter], modifier_rank=None):
+                    yield name, parameter.detach().to("cpu", copy=True)
+            else:
+                yield name, parameter.detach().to("cpu", copy=True)

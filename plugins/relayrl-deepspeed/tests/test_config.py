@@ -1,0 +1,34 @@
+"""The DeepSpeed config the sections produce, and [deepspeed] validation (no processes needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.algo.config import AlgoSection
+from relayrl.algo.optim import OptimizerConfig
+from relayrl.core.config import ConfigError, load_config
+from relayrl.trainer.config import TrainerSection
+from relayrl_deepspeed.backend import deepspeed_config
+from relayrl_deepspeed.config import DeepSpeedSection
+
+
+def test_muon_zero3_config():
+    config = deepspeed_config(AlgoSection(optimizer=OptimizerConfig(lr=2e-6, muon_lr=0.02)), TrainerSection(grad_clip=0.5),
+                              DeepSpeedSection(zero_stage=3, offload_optimizer=True), use_muon=True)
+    assert config["optimizer"]["type"] == "Muon"
+    assert config["optimizer"]["params"]["muon_lr"] == 0.02 and config["optimizer"]["params"]["adam_lr"] == 2e-6
+    assert config["zero_optimization"] == {"stage": 3, "reduce_scatter": False, "offload_optimizer": {"device": "cpu"}}
+    assert config["gradient_clipping"] == 0.5 and config["gradient_accumulation_steps"] == 1
+    assert config["bf16"] == {"enabled": True}
+
+
+def test_adamw_config_uses_torch_adam():
+    config = deepspeed_config(AlgoSection(), TrainerSection(), DeepSpeedSection(zero_stage=1, bf16=False), use_muon=False)
+    assert config["optimizer"]["type"] == "AdamW" and config["optimizer"]["params"]["torch_adam"] is True
+    assert config["zero_optimization"] == {"stage": 1}
+
+
+def test_section_registered_and_validated():
+    assert load_config({"deepspeed": {"zero_stage": 3}, "trainer": {"backend": "deepspeed"}}).deepspeed.zero_stage == 3
+    with pytest.raises(ConfigError, match="deepspeed.zero_stage: must be 1, 2 or 3"):
+        load_config({"deepspeed": {"zero_stage": 4}})
