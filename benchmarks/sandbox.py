@@ -80,7 +80,8 @@ def backend_row(backend, seed: Path, calls: int, turns: int) -> dict[str, float]
             assert result.output == "hi\n", result
 
         def turn() -> None:
-            assert all(result.output == "hi\n" for result in toolbox.run_turn(batch))
+            for result in toolbox.run_turn(batch):
+                assert result.output == "hi\n", result
 
         row = measure(call, calls, turns, turn)
     row["create"] = statistics.median(creations) * 1e3

@@ -75,4 +75,11 @@ class BwrapBackend(LocalBackend):
         if sandbox.uid is not None:
             drop = ["setpriv", f"--reuid={sandbox.uid}", f"--regid={sandbox.uid}", "--clear-groups", "--no-new-privs",
                     "--inh-caps=-all", "--bounding-set=-all", "--"]
-        return ["prlimit", *self.rlimit_args(), "--", *drop, *bwrap, "--", *argv]
+        # bwrap's outer process exits without reaping its in-sandbox init, which is then
+        # reparented to the host's PID 1; where that is not a real init, zombies pile up and stay
+        # charged to the pids cgroup until forks fail. An outer PID namespace (as root) whose init
+        # is the outer bwrap makes the kernel reap everything when it exits.
+        reaper = ["unshare", "--pid", "--fork", "--kill-child", "--"] if self.support.root else []
+        # No RLIMIT_NPROC: the pids cgroup limits processes, and the kernel's per-uid count also
+        # includes those zombies of other commands.
+        return ["prlimit", *self.rlimit_args(nproc=False), "--", *reaper, *drop, *bwrap, "--", *argv]

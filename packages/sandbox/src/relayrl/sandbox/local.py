@@ -113,15 +113,19 @@ class LocalBackend(SandboxBackend):
     def capabilities(self) -> frozenset[str]:
         return self._capabilities
 
-    def rlimit_args(self) -> list[str]:
-        """``prlimit`` options for the limits (hard = soft, so commands cannot raise them)."""
+    def rlimit_args(self, *, nproc: bool = True) -> list[str]:
+        """``prlimit`` options for the limits (hard = soft, so commands cannot raise them).
+
+        ``nproc=False`` leaves RLIMIT_NPROC out, for layers that count it in ways that make it
+        fail spuriously (bubblewrap's user namespace); the pids cgroup is the real process limit.
+        """
         limits = self.limits
         args = [f"--cpu={limits.cpu_time_s}", f"--fsize={limits.max_file_bytes}", f"--nofile={limits.max_open_files}",
                 "--core=0"]
         address_space = limits.effective_address_space("memory-limit" in self._capabilities)
         if address_space:
             args.append(f"--as={address_space}")
-        if "unprivileged" in self._capabilities:
+        if nproc and "unprivileged" in self._capabilities:
             args.append(f"--nproc={limits.max_processes}")  # per uid; the uid is this sandbox's own
         return args
 

@@ -64,6 +64,16 @@ def stray_processes(token: str, uid: int | None = None) -> list[str]:
     return found
 
 
+def _uid_of(status: Path) -> int | None:
+    try:
+        for line in status.read_text().splitlines():
+            if line.startswith("Uid:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 class TrackedSandbox:
     """A sandbox whose commands carry a token in their environment, so strays can be found."""
 
@@ -196,6 +206,28 @@ class SandboxTests:
         for thread in threads:
             thread.join()
         assert [result.stdout.strip() for result in results] == [str(index) for index in range(8)]
+
+    def test_many_concurrent_commands_leave_nothing_behind(self, sandbox):
+        # More commands than the sandbox may have processes: anything a command leaves behind,
+        # a zombie included, still counts against the limit and would make later forks fail.
+        rounds = 2 * self.limits.max_processes // 8
+        for _ in range(rounds):
+            results: list[ExecResult | None] = [None] * 8
+
+            def run(index: int, results=results) -> None:
+                results[index] = sandbox.exec("echo ok")
+
+            threads = [threading.Thread(target=run, args=(index,)) for index in range(8)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            failed = [result for result in results if result is None or result.stdout != "ok\n"]
+            assert not failed, failed[0]
+        if sandbox.uid is not None:
+            leftovers = [line for line in Path("/proc").glob("[0-9]*/status")
+                         if _uid_of(line) == sandbox.uid]
+            assert not leftovers, f"processes (zombies included) of the sandbox's uid remain: {leftovers}"
 
     def test_closed_sandbox_refuses_work_and_close_is_idempotent(self, backend, seed):
         sandbox = backend.create(seed)
