@@ -112,3 +112,12 @@ def test_without_root_the_user_namespace_chain_isolates_network_and_processes(mo
                               "2>&1 | tail -1; ls /proc | grep -c '^[0-9]'; (sleep 600 &); echo done")
         assert "unreachable" in result.stdout.lower() and int(result.stdout.split()[-2]) < 10
         assert not sandbox.strays()
+
+
+def test_a_zero_rlimit_means_no_limit():
+    from relayrl.sandbox.api import Limits
+
+    backend = _backend(limits=Limits(cpu_time_s=0, max_file_bytes=0, max_open_files=0), require=[])
+    assert not [arg for arg in backend.rlimit_args() if arg.startswith(("--cpu", "--fsize", "--nofile"))]
+    with backend.create() as sandbox:
+        assert sandbox.exec("echo fine").stdout == "fine\n"

@@ -61,7 +61,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     wall_time_s: float = 60.0
     """Default and maximum timeout of one ``exec`` (a larger ``timeout`` argument is clamped)."""
     cpu_time_s: int = 60
-    """RLIMIT_CPU of every process (seconds of CPU; SIGXCPU, then SIGKILL)."""
+    """RLIMIT_CPU of every process (seconds of CPU; SIGXCPU, then SIGKILL); 0: none."""
     memory_bytes: int = 2 * 1024**3
     """Memory cgroup limit of the whole sandbox (all concurrent commands together)."""
     address_space_bytes: int = 0
@@ -69,11 +69,11 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     max_processes: int = 256
     """pids cgroup limit (processes + threads) of the whole sandbox; also RLIMIT_NPROC of its uid."""
     max_file_bytes: int = 256 * 1024**2
-    """RLIMIT_FSIZE: largest file a command can write."""
+    """RLIMIT_FSIZE: largest file a command can write; 0: none."""
     disk_bytes: int = 1024**3
     """Size of the workspace tmpfs (``disk-quota``); also caps private /tmp."""
     max_open_files: int = 1024
-    """RLIMIT_NOFILE."""
+    """RLIMIT_NOFILE; 0: the caller's."""
     max_output_bytes: int = 64 * 1024
     """Bytes of stdout (and, separately, stderr) kept per command; the rest is dropped with a marker."""
     output_kill_factor: int = 64

@@ -89,7 +89,7 @@ class SandboxSection(Section, kw_only=True):
                 raise ConfigError(f"{path}.{field}: must be > 0")
         for field in msgspec.structs.fields(Limits):
             if getattr(self.limits, field.name) < 0 or (field.name in ("wall_time_s", "memory_bytes", "max_processes",
-                                                                        "max_output_bytes") and
+                                                                        "max_output_bytes", "disk_bytes") and
                                                         getattr(self.limits, field.name) <= 0):
                 raise ConfigError(f"{path}.limits.{field.name}: must be > 0")
 

@@ -116,12 +116,16 @@ class LocalBackend(SandboxBackend):
     def rlimit_args(self, *, nproc: bool = True) -> list[str]:
         """``prlimit`` options for the limits (hard = soft, so commands cannot raise them).
 
-        ``nproc=False`` leaves RLIMIT_NPROC out, for layers that count it in ways that make it
-        fail spuriously (bubblewrap's user namespace); the pids cgroup is the real process limit.
+        ``nproc=False`` leaves RLIMIT_NPROC out where the per-uid count also holds processes the
+        sandbox does not control (bwrap's); the pids cgroup is the real process limit. A limit of
+        0 is left out (unlimited).
         """
         limits = self.limits
-        args = [f"--cpu={limits.cpu_time_s}", f"--fsize={limits.max_file_bytes}", f"--nofile={limits.max_open_files}",
-                "--core=0"]
+        args = ["--core=0"]
+        for option, value in (("cpu", limits.cpu_time_s), ("fsize", limits.max_file_bytes),
+                              ("nofile", limits.max_open_files)):
+            if value:
+                args.append(f"--{option}={value}")
         address_space = limits.effective_address_space("memory-limit" in self._capabilities)
         if address_space:
             args.append(f"--as={address_space}")
@@ -277,7 +281,7 @@ class LocalSandbox(Sandbox):
     def write_file(self, path: str, data: bytes | str) -> None:
         self._check_open()
         payload = data.encode() if isinstance(data, str) else bytes(data)
-        if len(payload) > self.limits.max_file_bytes:
+        if self.limits.max_file_bytes and len(payload) > self.limits.max_file_bytes:
             raise SandboxError(f"{path}: {len(payload)} bytes exceed the sandbox's max_file_bytes")
         write_beneath(str(self.workdir), path, payload, owner=self.owner if self._uid else None)
 
