@@ -121,3 +121,21 @@ def test_a_zero_rlimit_means_no_limit():
     assert not [arg for arg in backend.rlimit_args() if arg.startswith(("--cpu", "--fsize", "--nofile"))]
     with backend.create() as sandbox:
         assert sandbox.exec("echo fine").stdout == "fine\n"
+
+
+def test_a_sandbox_that_fails_to_start_leaves_nothing_behind():
+    from relayrl.sandbox.api import SandboxError
+
+    class MaskingNowhere(ProcessBackend):
+        def masks(self, sandbox):  # a mount point that does not exist: the namespace set-up fails
+            return [f"/nonexistent-{uuid.uuid4().hex}"], []
+
+    backend = _backend(require=[])
+    if "readonly-system" not in backend.capabilities():
+        pytest.skip(f"needs 'readonly-system' (the namespace set-up is what fails): {backend.reasons}")
+    failing = MaskingNowhere(require=[])
+    before = set(failing.root.iterdir())
+    with pytest.raises(SandboxError, match="cannot set up the sandbox's namespaces"):
+        failing.create()
+    assert set(failing.root.iterdir()) == before
+    assert str(failing.root) + "/" not in Path("/proc/self/mountinfo").read_text()

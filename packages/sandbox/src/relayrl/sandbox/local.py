@@ -220,8 +220,8 @@ class LocalSandbox(Sandbox):
                 self.cgroup = SandboxCgroup(backend.support.cgroup or "v1", f"sb-{self.id}",
                                             memory_bytes=backend.limits.memory_bytes,
                                             max_processes=backend.limits.max_processes)
+            self._prepared = True  # before: release() must undo a prepare() that failed half-way
             backend.prepare(self)
-            self._prepared = True
         except (OSError, subprocess.CalledProcessError, CgroupError) as exc:
             self.close()
             raise SandboxError(f"cannot create sandbox in {self.directory}: {exc}") from exc

@@ -82,9 +82,9 @@ class ProcessBackend(LocalBackend):
             return
         holder = sandbox.directory / "ns"
         holder.mkdir(mode=0o700)
+        sandbox.namespace_holder = holder
         # Namespace files can only be bind-mounted onto a mount with private propagation.
         _run(["mount", "--bind", str(holder), str(holder)], "bind the namespace holder")
-        sandbox.namespace_holder = holder
         _run(["mount", "--make-private", str(holder)], "make the namespace holder private")
         (holder / "mnt").touch()
         namespaces = [f"--mount={holder / 'mnt'}"]
@@ -107,10 +107,11 @@ class ProcessBackend(LocalBackend):
         holder = getattr(sandbox, "namespace_holder", None)
         if holder is None:
             return
-        for name in ("mnt", "net", ""):
-            target = holder / name if name else holder
-            if subprocess.run(["umount", str(target)], capture_output=True).returncode != 0 and not name:
-                subprocess.run(["umount", "--lazy", str(target)], capture_output=True)
+        # Also after a prepare() that failed half-way: unmount whatever is mounted, innermost first.
+        for target in (holder / "mnt", holder / "net", holder):
+            if str(target) in _mount_points():
+                if subprocess.run(["umount", str(target)], capture_output=True).returncode != 0:
+                    subprocess.run(["umount", "--lazy", str(target)], capture_output=True)
 
     def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str) -> list[str]:
         capabilities = self.capabilities()
@@ -146,3 +147,8 @@ def _run(argv: list[str], what: str) -> None:
     result = subprocess.run(argv, capture_output=True, text=True)
     if result.returncode != 0:
         raise SandboxError(f"cannot {what}: {' '.join(argv[:4])}: {result.stderr.strip()}")
+
+
+def _mount_points() -> set[str]:
+    with open("/proc/self/mountinfo") as handle:
+        return {line.split()[4] for line in handle}
