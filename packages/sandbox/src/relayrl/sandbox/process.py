@@ -109,9 +109,9 @@ class ProcessBackend(LocalBackend):
             return
         # Also after a prepare() that failed half-way: unmount whatever is mounted, innermost first.
         for target in (holder / "mnt", holder / "net", holder):
-            if str(target) in _mount_points():
-                if subprocess.run(["umount", str(target)], capture_output=True).returncode != 0:
-                    subprocess.run(["umount", "--lazy", str(target)], capture_output=True)
+            mounted = str(target) in _mount_points()
+            if mounted and subprocess.run(["umount", str(target)], capture_output=True).returncode != 0:
+                subprocess.run(["umount", "--lazy", str(target)], capture_output=True)
 
     def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str) -> list[str]:
         capabilities = self.capabilities()
