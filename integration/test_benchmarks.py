@@ -70,3 +70,11 @@ def test_checkpoint_benchmark_quick_mode_runs():
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     assert "save: trainer blocked" in result.stdout and "recover from peer" in result.stdout
+
+
+def test_sandbox_benchmark_quick_mode_runs_every_available_backend_against_the_baseline():
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/sandbox.py"), "--quick"], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert "bare subprocess (baseline)" in result.stdout and "process (" in result.stdout
+    assert "grading 4 answers with process" in result.stdout

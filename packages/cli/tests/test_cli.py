@@ -103,3 +103,11 @@ def test_config_check_names_the_bad_key(tmp_path):
     result = relayrl("config", "check", str(path))
     assert result.returncode == 2
     assert result.stderr.strip() == f"relayrl: error: {path}: run.sed: unknown key; did you mean seed?"
+
+
+def test_data_verify_reports_a_bad_location_on_one_line(tmp_path):
+    # With relayrl-sandbox installed the task source refuses the location; without it the command
+    # says which package to install. Either way: one line, exit status 2.
+    result = relayrl("data", "verify", str(tmp_path / "absent.jsonl"))
+    assert result.returncode == 2 and result.stderr.startswith("relayrl: error: ")
+    assert "no task source accepts it" in result.stderr or "needs relayrl-sandbox" in result.stderr

@@ -1,0 +1,155 @@
+"""Sandbox benchmark: tool-call latency and throughput per backend, against a bare subprocess.
+
+Every row runs the same tool call, ``bash -c 'echo hi'``:
+
+* ``bare subprocess (baseline)``: ``subprocess.run`` with no isolation at all, in the same run;
+* one row per installed sandbox backend that can start on this host (``process``, ``bwrap`` ...),
+  through :class:`relayrl.sandbox.tools.ToolBox`, i.e. exactly what an agent's tool call costs.
+
+Columns: latency p50 and p95 of serial calls, calls/s serial, calls/s for turns of 8 concurrent
+calls (the agent loop's default), and the cost of creating + closing a sandbox (copy, tmpfs mount,
+cgroups, uid). A last section grades 8 answers to one shipped task in one grading sandbox (what
+``Grader.grade_group`` does) against 8 sandboxes, one per answer.
+
+    python benchmarks/sandbox.py            # 200 calls per row (run as root for full isolation)
+    python benchmarks/sandbox.py --quick    # 20 calls, a CI smoke run
+
+Ratios to the baseline are what to read; absolute times vary with the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def measure(call, calls: int, parallel_turns: int, run_turn) -> dict[str, float]:
+    call()  # warm caches (binaries, page cache) before timing
+    latencies = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        call()
+        latencies.append(time.perf_counter() - start)
+    start = time.perf_counter()
+    for _ in range(parallel_turns):
+        run_turn()
+    parallel_seconds = time.perf_counter() - start
+    return {"p50": percentile(latencies, 0.5) * 1e3, "p95": percentile(latencies, 0.95) * 1e3,
+            "serial": calls / sum(latencies), "parallel": 8 * parallel_turns / parallel_seconds}
+
+
+def bare_row(calls: int, turns: int) -> dict[str, float]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    def call() -> None:
+        subprocess.run(["/bin/bash", "-c", "echo hi"], capture_output=True, check=True)
+
+    def turn() -> None:
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda _: call(), range(8)))
+
+    return measure(call, calls, turns, turn)
+
+
+def backend_row(backend, seed: Path, calls: int, turns: int) -> dict[str, float]:
+    from relayrl.core.wire import ToolCall
+    from relayrl.sandbox.tools import ToolBox
+
+    creations = []
+    for _ in range(max(3, calls // 10)):
+        start = time.perf_counter()
+        backend.create(seed).close()
+        creations.append(time.perf_counter() - start)
+    with backend.create(seed) as sandbox:
+        toolbox = ToolBox(sandbox)
+        one = ToolCall(id="0", name="bash", arguments={"command": "echo hi"})
+        batch = [ToolCall(id=str(index), name="bash", arguments={"command": "echo hi"}) for index in range(8)]
+
+        def call() -> None:
+            result = toolbox.run(one)
+            assert result.output == "hi\n", result
+
+        def turn() -> None:
+            for result in toolbox.run_turn(batch):
+                assert result.output == "hi\n", result
+
+        row = measure(call, calls, turns, turn)
+    row["create"] = statistics.median(creations) * 1e3
+    return row
+
+
+def grading_rows(backend, answers: int) -> tuple[float, float]:
+    """Seconds to grade ``answers`` copies of a gold patch: one grading sandbox vs one per answer."""
+    from relayrl.sandbox.grading import Grader
+    from relayrl.sandbox.tasks import shipped_tasks
+
+    task = next(task for task in shipped_tasks() if task.task_id == "median")
+    grader = Grader(backend)
+    start = time.perf_counter()
+    reports = grader.grade_group(task, [task.gold_patch] * answers)
+    grouped = time.perf_counter() - start
+    assert all(report.passed for report in reports), reports[0]
+    start = time.perf_counter()
+    for _ in range(answers):
+        assert grader.grade(task, task.gold_patch).passed
+    separate = time.perf_counter() - start
+    return grouped, separate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="20 calls per row: a smoke run")
+    parser.add_argument("--calls", type=int, default=None)
+    args = parser.parse_args()
+    calls = args.calls or (20 if args.quick else 200)
+    turns = max(2, calls // 8)
+
+    from relayrl.sandbox.api import Limits, SandboxUnavailable
+    from relayrl.sandbox.config import backends
+
+    print(f"python {platform.python_version()} on {platform.machine()}, {calls} serial calls and {turns} turns "
+          f"of 8 concurrent calls per row; tool call: bash -c 'echo hi'")
+    rows = {"bare subprocess (baseline)": bare_row(calls, turns)}
+    available = {}
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-") as temp:
+        seed = Path(temp) / "seed"
+        (seed / "pkg").mkdir(parents=True)
+        for index in range(20):
+            (seed / "pkg" / f"module_{index}.py").write_text(f"VALUE = {index}\n" * 50)
+        for name, record in backends().items():
+            try:
+                backend = record.factory(limits=Limits(wall_time_s=30), require=[], network="none", root=None)
+            except SandboxUnavailable as exc:
+                print(f"skipping backend {name!r}: {exc}")
+                continue
+            available[name] = backend
+            rows[f"{name} ({len(backend.capabilities())}/8 isolation properties)"] = backend_row(backend, seed, calls, turns)
+
+    baseline = rows["bare subprocess (baseline)"]["p50"]
+    header = f"{'backend':<42} {'p50 ms':>8} {'p95 ms':>8} {'x base':>7} {'calls/s':>8} {'8-par calls/s':>14} {'create+close ms':>16}"
+    print(header)
+    print("-" * len(header))
+    for name, row in rows.items():
+        create = f"{row['create']:.1f}" if "create" in row else "-"
+        print(f"{name:<42} {row['p50']:>8.2f} {row['p95']:>8.2f} {row['p50'] / baseline:>7.1f} {row['serial']:>8.0f} "
+              f"{row['parallel']:>14.0f} {create:>16}")
+
+    answers = 4 if args.quick else 8
+    for name, backend in available.items():
+        grouped, separate = grading_rows(backend, answers)
+        print(f"grading {answers} answers with {name}: one grading sandbox {grouped:.2f} s, "
+              f"one sandbox per answer {separate:.2f} s ({separate / grouped:.2f}x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""The ``[sandbox]`` config section, the registries of this package, and :func:`open_backend`.
+
+::
+
+    [sandbox]
+    backend = "bwrap"                  # or "process" (built in)
+    network = "none"                   # "host" opts out of the network namespace, knowingly
+    require = ["network-none", "readonly-system", "memory-limit", "process-limit"]
+    max_parallel_tools = 8
+
+    [sandbox.limits]
+    wall_time_s = 30
+    memory_bytes = 1073741824
+
+Names (backend, capabilities, detectors) are checked by ``relayrl config check``; whether *this*
+host can provide the required capabilities is checked when a backend is opened, because the
+trainer's host validates the same file but never runs a sandbox.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from relayrl.core.config import ConfigError, Section
+from relayrl.core.errors import PluginError
+from relayrl.core.plugins import Registration, lookup, registrations
+from relayrl.sandbox.api import CAPABILITIES, Limits, SandboxBackend
+
+__all__ = ["DEFAULT_DETECTORS", "DEFAULT_REFERENCE_GLOBS", "SandboxSection", "backends", "exploit_detectors",
+           "open_backend", "task_sources"]
+
+DEFAULT_REFERENCE_GLOBS = [
+    "**/*.orig", "**/*.rej", "**/*.patch", "**/*.diff", "**/SOLUTION*", "**/solution*", "**/*_solution.*",
+    "**/reference/**", "**/hidden_tests/**", "**/.hidden*/**", "**/__pycache__/**", "**/*.pyc", "**/.pytest_cache/**",
+    "**/.mypy_cache/**", "**/.ruff_cache/**", "**/.tox/**", "**/.nox/**", "**/*.egg-info/**", "**/.coverage*",
+    "**/htmlcov/**", "**/.ipynb_checkpoints/**",
+]
+"""Reference artifacts removed from every agent workspace (solutions, patches, hidden tests, caches)."""
+
+DEFAULT_DETECTORS = ["test-edits", "history-access", "network", "outside-writes", "runner-tampering",
+                     "literal-special-casing"]
+
+
+class SandboxSection(Section, kw_only=True):
+    """``[sandbox]``: where agent tools run, how isolated, and how answers are graded."""
+
+    backend: str = "process"
+    """A name from ``relayrl_sandbox_backends`` (``process`` built in; ``bwrap`` with relayrl-bwrap)."""
+    network: Literal["none", "host"] = "none"
+    """``none``: a private network namespace with only loopback (implies requiring ``network-none``)."""
+    require: list[str] = msgspec.field(default_factory=lambda: sorted(CAPABILITIES))
+    """Capabilities the backend must provide on this host, or refuse to start (default: all of them)."""
+    root: str = ""
+    """Directory sandboxes are created in; empty: ``RELAYRL_SANDBOX_ROOT`` or ``/var/lib/relayrl-sandbox``."""
+    hide_paths: list[str] = []
+    """Host paths no command may see (task data: hidden tests, gold patches); the shipped tasks always are."""
+    limits: Limits = Limits()
+    """Per-sandbox resource limits (see :class:`relayrl.sandbox.api.Limits`)."""
+    max_parallel_tools: int = 8
+    """Tool calls of one turn that run at once; results are always returned in call order."""
+    tool_timeout_s: float = 30.0
+    """Default timeout of one tool call (clamped by ``limits.wall_time_s``)."""
+    reference_globs: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_REFERENCE_GLOBS))
+    """Globs removed from every agent workspace (a task's ``reference_globs`` are added)."""
+    detectors: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_DETECTORS))
+    """Exploit detectors run on every graded trajectory; any flag sets the reward to 0."""
+    grading_timeout_s: float = 120.0
+    """Timeout of one answer's grading command (clamped by the grading backend's ``limits.wall_time_s``)."""
+
+    def check(self, pm: Any, path: str) -> None:
+        try:
+            lookup(pm, "relayrl_sandbox_backends", self.backend, kind="sandbox backend")
+        except PluginError as exc:
+            raise ConfigError(f"{path}.backend: {exc}") from None
+        unknown = [name for name in self.require if name not in CAPABILITIES]
+        if unknown:
+            raise ConfigError(f"{path}.require: unknown capabilities {unknown} (known: {', '.join(sorted(CAPABILITIES))})")
+        detectors = exploit_detectors(pm)
+        for name in self.detectors:
+            if name not in detectors:
+                raise ConfigError(f"{path}.detectors: unknown exploit detector {name!r} "
+                                  f"(available: {', '.join(sorted(detectors))})")
+        if self.max_parallel_tools < 1:
+            raise ConfigError(f"{path}.max_parallel_tools: must be >= 1")
+        for field in ("tool_timeout_s", "grading_timeout_s"):
+            if getattr(self, field) <= 0:
+                raise ConfigError(f"{path}.{field}: must be > 0")
+        for field in msgspec.structs.fields(Limits):
+            if getattr(self.limits, field.name) < 0 or (field.name in ("wall_time_s", "memory_bytes", "max_processes",
+                                                                        "max_output_bytes", "disk_bytes") and
+                                                        getattr(self.limits, field.name) <= 0):
+                raise ConfigError(f"{path}.limits.{field.name}: must be > 0")
+
+
+def backends(pm: Any = None) -> dict[str, Registration[Any]]:
+    """The ``relayrl_sandbox_backends`` registry."""
+    return registrations(pm, "relayrl_sandbox_backends")
+
+
+def exploit_detectors(pm: Any = None) -> dict[str, Registration[Any]]:
+    """The ``relayrl_sandbox_exploit_detectors`` registry."""
+    return registrations(pm, "relayrl_sandbox_exploit_detectors")
+
+
+def task_sources(pm: Any = None) -> dict[str, Registration[Any]]:
+    """The ``relayrl_sandbox_task_sources`` registry."""
+    return registrations(pm, "relayrl_sandbox_task_sources")
+
+
+def open_backend(name: str | None = None, *, section: SandboxSection | None = None, pm: Any = None,
+                 **overrides: Any) -> SandboxBackend:
+    """Build backend ``name`` (default: the section's) with the section's limits and requirements.
+
+    Raises :class:`relayrl.sandbox.api.SandboxUnavailable` when the host cannot provide a required
+    capability, and :class:`relayrl.core.errors.PluginError` for an unknown name.
+    """
+    section = section or SandboxSection()
+    record = lookup(pm, "relayrl_sandbox_backends", name or section.backend, kind="sandbox backend")
+    options: dict[str, Any] = {"limits": section.limits, "require": section.require, "network": section.network,
+                               "root": section.root or None, "hide_paths": section.hide_paths}
+    options.update(overrides)
+    return record.factory(**options)

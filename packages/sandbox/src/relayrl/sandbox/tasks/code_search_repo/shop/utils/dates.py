@@ -1,0 +1,5 @@
+import datetime
+
+
+def today():
+    return datetime.date.today().isoformat()

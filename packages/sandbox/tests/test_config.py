@@ -1,0 +1,55 @@
+"""The [sandbox] section, the registries, and the package's hookspecs."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.core.config import ConfigError, load_config
+from relayrl.core.plugins import create_plugin_manager, describe_hookspecs
+from relayrl.sandbox.api import CAPABILITIES, Limits, SandboxUnavailable
+from relayrl.sandbox.config import SandboxSection, backends, exploit_detectors, open_backend, task_sources
+
+
+def test_defaults_validate_and_require_every_capability():
+    section = load_config({}).sandbox
+    assert isinstance(section, SandboxSection) and section.backend == "process" and section.network == "none"
+    assert sorted(section.require) == sorted(CAPABILITIES) and section.max_parallel_tools == 8
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"sandbox": {"backend": "docker"}}, r"sandbox.backend: unknown sandbox backend 'docker' \(available: process\)"),
+    ({"sandbox": {"require": ["network-nope"]}}, r"sandbox.require: unknown capabilities \['network-nope'\]"),
+    ({"sandbox": {"detectors": ["vibes"]}}, "sandbox.detectors: unknown exploit detector 'vibes'"),
+    ({"sandbox": {"network": "internet"}}, r"sandbox.network: invalid enum value 'internet' \(expected one of: host, none\)"),
+    ({"sandbox": {"limits": {"memory": 1}}}, "sandbox.limits.memory: unknown key; did you mean"),
+    ({"sandbox": {"limits": {"wall_time_s": 0}}}, "sandbox.limits.wall_time_s: must be > 0"),
+    ({"sandbox": {"max_parallel_tools": 0}}, "sandbox.max_parallel_tools: must be >= 1"),
+])
+def test_bad_values_fail_at_config_check_naming_the_key(data, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(data)
+
+
+def test_registries_hold_the_builtins():
+    assert list(backends()) == ["process"]
+    assert sorted(exploit_detectors()) == sorted(SandboxSection().detectors)
+    assert sorted(task_sources()) == ["directory", "jsonl"]
+    assert {"relayrl_sandbox_backends", "relayrl_sandbox_exploit_detectors",
+            "relayrl_sandbox_task_sources"} <= set(describe_hookspecs(create_plugin_manager()))
+
+
+def test_open_backend_applies_the_section():
+    section = SandboxSection(require=[], limits=Limits(wall_time_s=7))
+    backend = open_backend(section=section)
+    assert backend.limits.wall_time_s == 7 and backend.name == "process"
+
+
+def test_open_backend_refuses_missing_capabilities_with_a_clear_error(monkeypatch):
+    from relayrl.sandbox import host
+
+    support = host.host_support()
+    monkeypatch.setattr("relayrl.sandbox.local.host_support",
+                        lambda: host.HostSupport(**{**support.__dict__, "cgroup": None,
+                                                    "reasons": {"cgroup": "no writable cgroup (test)"}}))
+    with pytest.raises(SandboxUnavailable, match=r"process-limit .*no writable cgroup \(test\)"):
+        open_backend(section=SandboxSection())

@@ -1,0 +1,158 @@
+"""Workspace preparation strips history and reference artifacts; diffs are computed without git."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from relayrl.core.wire import TaskSpec
+from relayrl.sandbox.api import SandboxError
+from relayrl.sandbox.config import DEFAULT_REFERENCE_GLOBS
+from relayrl.sandbox.workspace import (
+    GIT_ENV,
+    INITIAL_COMMIT_MESSAGE,
+    apply_patch_locally,
+    matches_any,
+    prepare_workspace,
+    workspace_diff,
+)
+
+
+def git(cwd: Path, *args: str) -> str:
+    env = {"PATH": os.environ["PATH"], "HOME": str(cwd), **GIT_ENV}
+    return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def make_repo(root: Path) -> Path:
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "code.py").write_text("def f():\n    return 1\n")
+    (root / "SOLUTION.md").write_text("the answer\n")
+    (root / "pkg" / "code.py.orig").write_text("backup\n")
+    (root / "pkg" / "__pycache__").mkdir()
+    (root / "pkg" / "__pycache__" / "code.cpython-311.pyc").write_bytes(b"\0")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_hidden.py").write_text("leaked hidden test\n")
+    return root
+
+
+@pytest.fixture
+def hidden(tmp_path) -> Path:
+    (tmp_path / "hidden" / "tests").mkdir(parents=True)
+    (tmp_path / "hidden" / "tests" / "test_hidden.py").write_text("assert True\n")
+    return tmp_path / "hidden"
+
+
+def test_directory_workspace_is_copied_stripped_and_committed_once(tmp_path, hidden):
+    source = make_repo(tmp_path / "src")
+    task = TaskSpec(task_id="t", instruction="", workspace=str(source), hidden_tests=str(hidden),
+                    reference_globs=["**/extra-ref.txt"])
+    (source / "extra-ref.txt").write_text("task-specific reference\n")
+    removed = prepare_workspace(task, tmp_path / "ws", reference_globs=DEFAULT_REFERENCE_GLOBS)
+    ws = tmp_path / "ws"
+    assert sorted(removed) == ["SOLUTION.md", "extra-ref.txt", "pkg/__pycache__", "pkg/code.py.orig",
+                               "tests/test_hidden.py"]
+    assert (ws / "pkg" / "code.py").exists() and not (ws / "tests" / "test_hidden.py").exists()
+    assert git(ws, "log", "--format=%s").splitlines() == [INITIAL_COMMIT_MESSAGE]
+    assert git(ws, "status", "--porcelain") == ""
+    (ws / "pkg" / "code.py").write_text("def f():\n    return 2\n")
+    assert "+    return 2" in git(ws, "diff")  # the agent can diff its own work
+
+
+def test_git_history_does_not_leak(tmp_path):
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    git(origin, "init", "--quiet")
+    (origin / "fix.py").write_text("THE FIX\n")
+    git(origin, "add", ".")
+    git(origin, "commit", "--quiet", "-m", "the fix")
+    (origin / "fix.py").unlink()
+    (origin / "bug.py").write_text("bug\n")
+    git(origin, "add", "-A")
+    git(origin, "commit", "--quiet", "-m", "remove the fix")
+    fixed_blob = git(origin, "rev-parse", "HEAD~1:fix.py").strip()
+    ws = tmp_path / "ws"
+    prepare_workspace(TaskSpec(task_id="t", instruction="", workspace=str(origin)), ws)
+    assert git(ws, "log", "--format=%s").splitlines() == [INITIAL_COMMIT_MESSAGE]
+    assert sorted(path.name for path in ws.iterdir()) == [".git", "bug.py"]
+    result = subprocess.run(["git", "cat-file", "-p", fixed_blob], cwd=ws, capture_output=True, text=True)
+    assert result.returncode != 0 and "THE FIX" not in result.stdout
+    ws_rev = tmp_path / "ws-rev"
+    prepare_workspace(TaskSpec(task_id="t", instruction="", workspace=f"{origin}@HEAD~1"), ws_rev)
+    assert (ws_rev / "fix.py").read_text() == "THE FIX\n"
+    assert git(ws_rev, "log", "--format=%s").splitlines() == [INITIAL_COMMIT_MESSAGE]
+
+
+def test_tarball_workspace_and_its_history_are_handled(tmp_path):
+    source = make_repo(tmp_path / "src")
+    (source / ".git").mkdir()
+    (source / ".git" / "HEAD").write_text("ref: refs/heads/old\n")
+    archive = tmp_path / "repo.tar.gz"
+    with tarfile.open(archive, "w:gz") as handle:
+        handle.add(source, arcname=".")
+    ws = tmp_path / "ws"
+    prepare_workspace(TaskSpec(task_id="t", instruction="", workspace=str(archive)), ws,
+                      reference_globs=DEFAULT_REFERENCE_GLOBS)
+    assert (ws / "pkg" / "code.py").exists() and not (ws / "SOLUTION.md").exists()
+    assert git(ws, "log", "--format=%s").splitlines() == [INITIAL_COMMIT_MESSAGE]
+
+
+def test_bad_sources_are_named(tmp_path):
+    with pytest.raises(SandboxError, match="nowhere"):
+        prepare_workspace(TaskSpec(task_id="t", instruction="", workspace=str(tmp_path / "nowhere")), tmp_path / "ws")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    with pytest.raises(SandboxError, match="not empty"):
+        prepare_workspace(TaskSpec(task_id="t", instruction=""), tmp_path / "full")
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("SOLUTION.md", True), ("docs/solution.txt", True), ("a/b/c.orig", True), ("reference/x.py", True),
+    ("pkg/reference/x.py", True), ("pkg/code.py", False), ("tests/test_x.py", False), ("fix.patch", True),
+])
+def test_default_reference_globs(path, expected):
+    assert matches_any(path, DEFAULT_REFERENCE_GLOBS) is expected
+
+
+def test_diff_round_trips_edits_additions_deletions_modes_and_symlinks(tmp_path):
+    before = tmp_path / "before"
+    (before / "pkg").mkdir(parents=True)
+    (before / "pkg" / "a.py").write_text("one\ntwo\nthree\n")
+    (before / "gone.txt").write_text("bye\n")
+    (before / "script.sh").write_text("echo\n")
+    (before / "no-newline.txt").write_text("last")
+    after = tmp_path / "after"
+    shutil.copytree(before, after, symlinks=True)
+    (after / "pkg" / "a.py").write_text("one\nTWO\nthree\n")
+    (after / "gone.txt").unlink()
+    (after / "new" / "deep").mkdir(parents=True)
+    (after / "new" / "deep" / "b.py").write_text("new file\n")
+    (after / "script.sh").chmod(0o755)
+    (after / "no-newline.txt").write_text("last, changed")
+    os.symlink("pkg/a.py", after / "link")
+    diff = workspace_diff(before, after)
+    target = tmp_path / "target"
+    shutil.copytree(before, target, symlinks=True)
+    apply_patch_locally(target, diff)
+    assert workspace_diff(target, after) == ""
+    assert os.readlink(target / "link") == "pkg/a.py"
+    assert workspace_diff(before, before) == ""
+
+
+def test_diff_never_runs_git_in_the_agents_tree(tmp_path):
+    before = tmp_path / "before"
+    before.mkdir()
+    (before / "a.txt").write_text("a\n")
+    after = tmp_path / "after"
+    shutil.copytree(before, after)
+    (after / ".git").mkdir()
+    marker = tmp_path / "pwned"
+    (after / ".git" / "config").write_text(f"[core]\n\tfsmonitor = touch {marker}\n")
+    (after / "a.txt").write_text("b\n")
+    diff = workspace_diff(before, after)
+    assert "+b" in diff and ".git" not in diff
+    assert not marker.exists()

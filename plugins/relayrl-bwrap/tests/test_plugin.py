@@ -1,0 +1,52 @@
+"""The bwrap backend passes relayrl's sandbox conformance suite and is discoverable by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.core.plugins import create_plugin_manager
+from relayrl.sandbox.api import SandboxUnavailable
+from relayrl.sandbox.config import SandboxSection, backends, open_backend
+from relayrl.sandbox.testing import SandboxTests
+from relayrl_bwrap.backend import BwrapBackend, probe_bwrap
+from relayrl_bwrap.plugin import NAME
+
+
+def _backend(**kwargs) -> BwrapBackend:
+    works, reason = probe_bwrap(False)
+    if not works:
+        pytest.skip(f"bubblewrap cannot run here: {reason}")
+    try:
+        return BwrapBackend(**kwargs)
+    except SandboxUnavailable as exc:
+        pytest.skip(f"bwrap backend unavailable on this host: {exc}")
+
+
+class TestBwrapBackend(SandboxTests):
+    @pytest.fixture
+    def backend(self):
+        return _backend(limits=self.limits)
+
+
+def test_registered_through_the_entry_point():
+    record = backends(create_plugin_manager())[NAME]
+    assert record.plugin == "relayrl-bwrap" and record.factory is BwrapBackend
+
+
+def test_selected_by_the_config_section():
+    _backend(require=[])
+    backend = open_backend(section=SandboxSection(backend=NAME, require=[]))
+    assert isinstance(backend, BwrapBackend)
+
+
+def test_other_sandboxes_are_hidden_not_just_unreadable():
+    backend = _backend(require=[])
+    with backend.create() as first, backend.create() as second:
+        result = first.exec(f"ls {backend.root}; ls {second.workdir} 2>&1")
+        assert second.id not in result.stdout.split("\n")[0] and "No such file" in result.stdout
+
+
+def test_refuses_to_start_without_bwrap(monkeypatch):
+    monkeypatch.setattr("relayrl_bwrap.backend.probe_bwrap", lambda as_other_uid: (False, "bwrap is not installed"))
+    with pytest.raises(SandboxUnavailable, match="bwrap is not installed"):
+        BwrapBackend(require=["network-none"])
