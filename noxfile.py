@@ -91,6 +91,27 @@ def install_local(session: nox.Session, folder: Path, *extra_requirements: str) 
     session.install(*CONSTRAINTS, *targets, "pytest", *extra_requirements)
 
 
+# Debian packages some sessions test against: bubblewrap for the bwrap sandbox backend, ripgrep for
+# the grep tool. Installed when missing and the session runs as root (CI does); otherwise the tests
+# that need them skip and say why.
+SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep"}
+NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "integration"}
+
+
+def ensure_system_tools(session: nox.Session) -> None:
+    import os
+    import shutil
+
+    missing = [package for command, package in SYSTEM_TOOLS.items() if shutil.which(command) is None]
+    if not missing:
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        session.log(f"not installing {', '.join(missing)} (needs root and apt-get); dependent tests will skip")
+        return
+    session.run("apt-get", "update", "-qq", external=True)
+    session.run("apt-get", "install", "-y", "-qq", *missing, external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+
+
 def _packages() -> list[str]:
     return sorted(path.name for path in ROOT.glob("packages/*") if (path / "tests").is_dir())
 
@@ -112,6 +133,8 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session, package: str) -> None:
     """One package's own tests, with only that package and its dependencies installed."""
     folder = ROOT / "packages" / package
+    if package in NEEDS_SYSTEM_TOOLS:
+        ensure_system_tools(session)
     install_local(session, folder)
     session.run("pytest", str(folder / "tests"), *session.posargs)
 
@@ -122,6 +145,8 @@ if _plugins():
     def plugins(session: nox.Session, plugin: str) -> None:
         """One plugin's tests (its conformance suites), with the plugin installed as a user would."""
         folder = ROOT / "plugins" / plugin
+        if plugin in NEEDS_SYSTEM_TOOLS:
+            ensure_system_tools(session)
         install_local(session, folder)
         session.run("pytest", str(folder / "tests"), *session.posargs)
 
@@ -143,6 +168,7 @@ def template(session: nox.Session) -> None:
 @nox.session(tags=["ci"])
 def integration(session: nox.Session) -> None:
     """Cross-package checks: layout rules, docs coverage of hookspecs, fresh installs, benchmark smoke runs."""
+    ensure_system_tools(session)
     ordered: list[Path] = []  # dependencies before dependents: pip resolves local paths in order
     for folder in _folders().values():
         ordered += [path for path in local_closure(folder, ("testing",), deep=True) if path not in ordered]
