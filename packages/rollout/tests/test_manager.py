@@ -22,7 +22,7 @@ from relayrl.rollout.testing.scripted import CHAT, RecordingTools, ScriptedEngin
 class IndexGrader:
     """Reward 1 for even sample indices: a deterministic stand-in for a sandbox grader."""
 
-    async def grade(self, task, trajectories):
+    async def grade(self, task, trajectories, answers):
         return [with_rewards(t, float(t.sample_index % 2 == 0), success=float(t.sample_index % 2 == 0))
                 for t in trajectories]
 
@@ -112,3 +112,37 @@ def test_back_pressure_waits_for_the_trainer(tmp_path):
     assert ahead_before == 3  # stopped once more than 2 groups ahead
     assert manager.committed_groups == 5  # two more after the trainer consumed two
     assert read_progress(store)["consumed"] == {"rollout-1": 2}
+
+
+def test_code_task_in_real_sandboxes_graded_by_the_isolated_grader(tmp_path):
+    """A shipped bug-fix task: one agent fixes the bug with the edit tool, one reads and gives up."""
+    from relayrl.rollout.environments import SandboxEnvironment
+    from relayrl.sandbox import SandboxSection
+    from relayrl.sandbox.tasks import shipped_tasks
+
+    task = next(task for task in shipped_tasks() if task.task_id == "binary-search")
+    fix = call("edit", path="search/bisect_search.py", old="while low < high:", new="while low <= high:")
+    look = call("read_file", path="search/bisect_search.py") + call("bash", command="ls tests")
+    scripts = {0: [look, fix, "fixed"], 1: [look, "I cannot fix it"]}
+
+    class PerSample(ScriptedEngine):
+        def _next_reply(self, request_id):
+            sample = int(request_id.split("/")[-2].split("-")[0])  # ".../<group>/<sample>-<id>/turn-n"
+            return scripts[sample].pop(0)
+
+    engine = PerSample([], "unused")
+    store = open_store(str(tmp_path / "bus"))
+    environment = SandboxEnvironment(section=SandboxSection(backend="process"))
+    manager = RolloutManager(
+        scheduler=PromptScheduler([task], seed=0), harness=CodingAgent(AgentConfig(system_prompt="s")),
+        proxy=TokenRecordingProxy(engine), chat=CHAT, sampling=SamplingParams(), grader=environment,
+        tools=environment.tools, writer=SegmentWriter(store, "rollout-code", groups_per_segment=1), store=store,
+        group_size=2, max_concurrent_groups=1)
+    asyncio.run(manager.run(max_groups=1))
+    (key,) = store.list("rollouts/")
+    (group,) = codec.decode_compressed(store.get(key), wire.RolloutSegment, what=key).groups
+    by_sample = {t.sample_index: t for t in group.trajectories}
+    assert by_sample[0].reward == 1.0 and by_sample[0].cheating == []
+    assert by_sample[1].reward == 0.0
+    read = by_sample[0].segments[0].turns[3].tool_results[0]
+    assert "def find" in read.output and read.exit_status == 0

@@ -44,8 +44,13 @@ PROGRESS_KEY = "progress"
 class Grader(Protocol):
     """Scores the trajectories of one task (in an isolated grading sandbox for code tasks)."""
 
-    async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory]) -> list[Trajectory]:
-        """The trajectories with ``reward``, ``reward_components`` and ``cheating`` filled in."""
+    async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]
+                    ) -> list[Trajectory]:
+        """The trajectories with ``reward``, ``reward_components`` and ``cheating`` filled in.
+
+        ``answers[i]`` is what the tools of trajectory ``i`` reported as its final answer (a diff for
+        code tasks, see :class:`relayrl.rollout.environments.SandboxEnvironment`), or ``""``.
+        """
 
 
 class Harness(Protocol):
@@ -108,13 +113,17 @@ class RolloutManager:
         """Run, grade, shape and commit one group for ``task``; return it."""
         group_id = f"{task.task_id}/{uuid.uuid4().hex[:12]}"
 
-        async def sample(index: int) -> Trajectory:
+        async def sample(index: int) -> tuple[Trajectory, str]:
             async with self.tools(task) as tools:
-                return await self.harness.run(task, proxy=self.proxy, tools=tools, chat=self.chat,
-                                              sampling=self.sampling, group_id=group_id, sample_index=index)
+                trajectory = await self.harness.run(task, proxy=self.proxy, tools=tools, chat=self.chat,
+                                                    sampling=self.sampling, group_id=group_id, sample_index=index)
+                final_answer = getattr(tools, "final_answer", None)
+                answer = await asyncio.to_thread(final_answer) if final_answer is not None else ""
+                return trajectory, answer
 
-        trajectories = await asyncio.gather(*(sample(index) for index in range(self.group_size)))
-        graded = await self.grader.grade(task, trajectories)
+        results = await asyncio.gather(*(sample(index) for index in range(self.group_size)))
+        graded = await self.grader.grade(task, [trajectory for trajectory, _ in results],
+                                         [answer for _, answer in results])
         group = Group(group_id=group_id, task_id=task.task_id, trajectories=list(graded), created_at=time.time())
         step = self.trainer_step()
         for shaper in self.shapers:
