@@ -146,3 +146,26 @@ def test_code_task_in_real_sandboxes_graded_by_the_isolated_grader(tmp_path):
     assert by_sample[1].reward == 0.0
     read = by_sample[0].segments[0].turns[3].tool_results[0]
     assert "def find" in read.output and read.exit_status == 0
+
+
+def test_sigterm_stops_cleanly_with_nothing_half_committed(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).with_name("manager_process.py")
+    process = subprocess.Popen([sys.executable, str(script), str(tmp_path / "bus")], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert process.stdout.readline().strip() == "READY", process.stderr.read()
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0, process.stderr.read()
+    store = open_store(str(tmp_path / "bus"))
+    groups = [group for key in store.list("rollouts/")
+              for group in codec.decode_compressed(store.get(key), wire.RolloutSegment, what=key).groups]
+    assert groups, "the group committed before SIGTERM is on the bus"
+    for group in groups:  # every committed group is whole and graded
+        assert len(group.trajectories) == 3
+        assert [t.reward for t in sorted(group.trajectories, key=lambda t: t.sample_index)] == [1.0, 0.0, 0.0]
+        assert all(t.num_generated_tokens == len("a fairly long answer") + 1 for t in group.trajectories)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -146,10 +147,17 @@ class RolloutManager:
         return self.committed_groups + self.writer.pending_groups - int(consumed)
 
     # ------------------------------------------------------------------ the loop
-    async def run(self, *, max_groups: int | None = None) -> None:
-        """Start groups until :meth:`stop` (or ``max_groups`` have been started), then drain."""
+    async def run(self, *, max_groups: int | None = None, handle_signals: bool = False) -> None:
+        """Start groups until :meth:`stop` (or ``max_groups`` have been started), then drain.
+
+        With ``handle_signals``, SIGTERM and SIGINT call :meth:`stop` (the main thread's loop only).
+        """
         slots = asyncio.Semaphore(self.max_concurrent_groups)
         started = 0
+        if handle_signals:
+            loop = asyncio.get_running_loop()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(signum, self.stop)
         try:
             while not self._stopping.is_set() and (max_groups is None or started < max_groups):
                 await slots.acquire()
