@@ -180,3 +180,15 @@ def test_three_token_softmax_argument_and_top_p_exclusion():
     replay_input = x.detach().repeat(5000, 1).requires_grad_()
     (abs(advantage) * replay_logprobs(replay_input, sample.tokens, sample.kept)).sum().backward()
     assert torch.count_nonzero(replay_input.grad[:, 2]) == 0
+
+
+def test_per_row_generators_make_each_row_independent_of_the_batch():
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(3)) * 2
+    batched = sample_tokens(logits, top_p=0.9, generator=[torch.Generator().manual_seed(10 + row) for row in range(5)])
+    for row in range(5):
+        alone = sample_tokens(logits[row:row + 1], top_p=0.9, generator=torch.Generator().manual_seed(10 + row))
+        assert int(alone.tokens[0]) == int(batched.tokens[row])
+        assert alone.logprobs[0].item() == batched.logprobs[row].item()
+        assert alone.kept.row(0) == batched.kept.row(row)
+    with pytest.raises(ValueError, match="3 generators for 5 rows"):
+        sample_tokens(logits, generator=[None] * 3)

@@ -120,7 +120,8 @@ def _validate(temperature: float, top_p: float, top_k: int, max_kept: int | None
 
 @torch.no_grad()
 def sample_tokens(logits: torch.Tensor, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
-                  max_kept: int | None = None, generator: torch.Generator | None = None) -> SampleResult:
+                  max_kept: int | None = None,
+                  generator: torch.Generator | Sequence[torch.Generator | None] | None = None) -> SampleResult:
     """Sample one token per row of ``logits`` ``[rows, vocab]`` and record its kept-set.
 
     Order of truncation: temperature scaling, then top-k (``0`` = off), then top-p over the
@@ -130,6 +131,10 @@ def sample_tokens(logits: torch.Tensor, *, temperature: float = 1.0, top_p: floa
 
     Cost: with ``top_k`` or ``max_kept`` set, a partial ``topk`` over the vocabulary; otherwise a
     full sort per row (set ``max_kept`` on large vocabularies).
+
+    ``generator`` is one generator for the whole batch, or one per row (``None`` entries use the
+    global generator): with per-row generators a row's token depends only on its logits and its
+    generator, never on the other rows of the batch (the engine's per-request seeds rely on it).
     """
     _validate(temperature, top_p, top_k, max_kept)
     if logits.dim() != 2:
@@ -137,7 +142,7 @@ def sample_tokens(logits: torch.Tensor, *, temperature: float = 1.0, top_p: floa
     rows, vocab = logits.shape
     device = logits.device
     if temperature == 0:
-        tokens = logits.argmax(dim=-1)
+        tokens = logits.argmax(dim=-1)  # greedy: no generator is used
         zeros = torch.zeros(rows, dtype=torch.float32, device=device)
         offsets = torch.arange(rows + 1, dtype=torch.int64, device=device)
         return SampleResult(tokens, zeros, KeptSets(offsets, tokens.clone()), torch.ones_like(zeros), zeros)
@@ -174,7 +179,14 @@ def sample_tokens(logits: torch.Tensor, *, temperature: float = 1.0, top_p: floa
 
     positions = torch.arange(candidates, device=device)
     in_kept = positions.unsqueeze(0) < counts.unsqueeze(1)
-    choice = torch.multinomial(probs * in_kept, 1, generator=generator)
+    weights = probs * in_kept
+    if isinstance(generator, Sequence):
+        if len(generator) != rows:
+            raise ValueError(f"{len(generator)} generators for {rows} rows")
+        choice = torch.cat([torch.multinomial(weights[row:row + 1], 1, generator=generator[row])
+                            for row in range(rows)])
+    else:
+        choice = torch.multinomial(weights, 1, generator=generator)
     tokens = cand_ids.gather(1, choice).squeeze(1)
     kept_logits = cand_logits.masked_fill(~in_kept, float("-inf"))
     logprobs = cand_logits.gather(1, choice).squeeze(1) - torch.logsumexp(kept_logits, dim=-1)

@@ -159,25 +159,34 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
             self.steps += 1
             version = self._version
             next_tokens = torch.full((len(batch),), self.pad_token_id, dtype=torch.long)
+            for row in range(len(batch)):
+                finished[row] = finished[row] or batch[row].cancelled
+            # Rows with the same sampling parameters are sampled in one call, each with its own
+            # generator: a seeded request's tokens never depend on what else is in the batch.
+            by_params: dict[tuple[float, float, int, int], list[int]] = {}
             for row, pending in enumerate(batch):
-                finished[row] = finished[row] or pending.cancelled
-                if finished[row]:
-                    continue
-                params = pending.request.params
-                result = sample_tokens(logits[row:row + 1], temperature=params.temperature, top_p=params.top_p,
-                                       top_k=params.top_k, max_kept=params.max_kept or None,
-                                       generator=generators[row] or self._generator)
-                token = int(result.tokens[0])
-                next_tokens[row] = token
-                produced[row] += 1
-                finish = None
-                if token in params.stop_token_ids:
-                    finish = "stop"
-                elif produced[row] >= params.max_tokens:
-                    finish = "length"
-                pending.emit(StreamEvent(tokens=[token], logprobs=[float(result.logprobs[0])], versions=[version],
-                                         kept=[result.kept.row(0)], engine_id=self.engine_id, finish_reason=finish))
-                finished[row] = finish is not None
+                if not finished[row]:
+                    params = pending.request.params
+                    by_params.setdefault((params.temperature, params.top_p, params.top_k, params.max_kept), []).append(row)
+            for (temperature, top_p, top_k, max_kept), rows in by_params.items():
+                result = sample_tokens(logits[rows], temperature=temperature, top_p=top_p, top_k=top_k,
+                                       max_kept=max_kept or None,
+                                       generator=[generators[row] or self._generator for row in rows])
+                for position, row in enumerate(rows):
+                    pending = batch[row]
+                    params = pending.request.params
+                    token = int(result.tokens[position])
+                    next_tokens[row] = token
+                    produced[row] += 1
+                    finish = None
+                    if token in params.stop_token_ids:
+                        finish = "stop"
+                    elif produced[row] >= params.max_tokens:
+                        finish = "length"
+                    pending.emit(StreamEvent(tokens=[token], logprobs=[float(result.logprobs[position])],
+                                             versions=[version], kept=[result.kept.row(position)],
+                                             engine_id=self.engine_id, finish_reason=finish))
+                    finished[row] = finish is not None
             if all(finished):
                 return
             input_ids = next_tokens.unsqueeze(1).to(device)
