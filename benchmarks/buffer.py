@@ -24,9 +24,9 @@ import argparse
 import concurrent.futures
 import platform
 import tempfile
-import time
 
 import msgspec
+from timing import best_time  # benchmarks/timing.py (this script's folder is on sys.path)
 
 from relayrl.buffer import Buffer, BufferSection, SegmentWriter
 from relayrl.buffer.testing import make_trajectory
@@ -75,15 +75,6 @@ def ingest(store: Store) -> tuple[int, int]:
     return groups, tokens
 
 
-def best(function, repeats: int):
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = function()
-        times.append(time.perf_counter() - start)
-    return min(times), result
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small data, one repeat (a CI smoke run)")
@@ -111,8 +102,8 @@ def main() -> None:
                 with s3.environment() if s3 else _null():
                     store = opener()
                     stored = commit(store, groups, per_segment)
-                    raw_s, raw_bytes = best(lambda store=store: read_raw(store), repeats)
-                    ingest_s, (count, token_count) = best(lambda store=store: ingest(store), repeats)
+                    raw_s, raw_bytes = best_time(lambda store=store: read_raw(store), repeats)
+                    ingest_s, (count, token_count) = best_time(lambda store=store: ingest(store), repeats)
                     assert raw_bytes == stored, f"{name}: read {raw_bytes} bytes, committed {stored}"
                     assert count == groups_total, f"{name}: ingested {count} of {groups_total} groups"
                     rows.append((name, stored, raw_s, ingest_s, count, token_count))

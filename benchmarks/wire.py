@@ -19,9 +19,10 @@ import json
 import pickle
 import platform
 import random
-import time
 from collections.abc import Callable
 from typing import Any
+
+from timing import best_time  # benchmarks/timing.py (this script's folder is on sys.path)
 
 from relayrl.core import codec, wire
 from relayrl.core.arrays import pack_u32
@@ -89,15 +90,6 @@ def make_trajectory(seed: int = 0) -> tuple[wire.Trajectory, dict[str, Any]]:
              "segments": [{"turns": plain_turns}], "reward": 1.0,
              "reward_components": {"success": 1.0, "length_penalty": 0.0}, "engine_ids": ["engine-3"]}
     return trajectory, plain
-
-
-def best_time(function: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    times, result = [], None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = function()
-        times.append(time.perf_counter() - start)
-    return min(times), result
 
 
 def main() -> None:
