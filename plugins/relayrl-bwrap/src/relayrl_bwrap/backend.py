@@ -31,27 +31,14 @@ class BwrapBackend(LocalBackend):
     name = "bwrap"
 
     def probe(self, support: HostSupport) -> tuple[set[str], dict[str, str]]:
-        provided: set[str] = set()
-        reasons: dict[str, str] = {}
         drop_uid = support.root and support.setpriv
         works, reason = probe_bwrap(drop_uid)
         if not works or not support.prlimit:
             reason = reason or support.reasons.get("prlimit", "prlimit missing")
             return set(), {name: reason for name in ("network-none", "pid-isolation", "readonly-system", "unprivileged",
                                                      "memory-limit", "process-limit", "disk-quota", "tree-kill")}
+        provided, reasons = self.host_properties(support)
         provided |= {"network-none", "pid-isolation", "readonly-system", "tree-kill"}
-        if drop_uid:
-            provided.add("unprivileged")
-        else:  # without root, all sandboxes share the calling user's uid
-            reasons["unprivileged"] = support.reasons.get("setpriv", "setpriv failed")
-        if support.cgroup:
-            provided |= {"memory-limit", "process-limit"}
-        else:
-            reasons["memory-limit"] = reasons["process-limit"] = support.reasons.get("cgroup", "no cgroup")
-        if support.tmpfs:
-            provided.add("disk-quota")
-        else:
-            reasons["disk-quota"] = support.reasons.get("tmpfs", "cannot mount tmpfs")
         return provided, reasons
 
     def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str) -> list[str]:

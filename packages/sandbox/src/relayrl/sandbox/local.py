@@ -99,6 +99,30 @@ class LocalBackend(SandboxBackend):
         """``(capabilities, reasons for the missing ones)`` on a host with ``support``."""
         raise NotImplementedError
 
+    @staticmethod
+    def host_properties(support: HostSupport) -> tuple[set[str], dict[str, str]]:
+        """The properties every local backend gets from the host alone: a dropped uid, cgroups, tmpfs.
+
+        Backends add what their isolation layer provides (namespaces, bwrap) in their own :meth:`probe`.
+        """
+        provided: set[str] = set()
+        reasons: dict[str, str] = {}
+        if support.root and support.setpriv:
+            provided.add("unprivileged")
+        else:
+            # Without root every sandbox runs as the calling user: not root, but not a uid of its
+            # own either, so sandboxes could read each other's workspaces.
+            reasons["unprivileged"] = support.reasons.get("setpriv", "setpriv failed")
+        if support.cgroup:
+            provided |= {"memory-limit", "process-limit"}
+        else:
+            reasons["memory-limit"] = reasons["process-limit"] = support.reasons.get("cgroup", "no cgroup")
+        if support.tmpfs:
+            provided.add("disk-quota")
+        else:
+            reasons["disk-quota"] = support.reasons.get("tmpfs", "cannot mount tmpfs")
+        return provided, reasons
+
     def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str) -> list[str]:
         """The argv that runs ``argv`` isolated inside ``sandbox``, in directory ``cwd`` (absolute)."""
         raise NotImplementedError

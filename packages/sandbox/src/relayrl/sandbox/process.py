@@ -38,8 +38,7 @@ class ProcessBackend(LocalBackend):
     name = "process"
 
     def probe(self, support: HostSupport) -> tuple[set[str], dict[str, str]]:
-        provided: set[str] = set()
-        reasons: dict[str, str] = {}
+        provided, reasons = self.host_properties(support)
         if support.namespaces:
             provided |= {"network-none", "pid-isolation", "tree-kill"}
             if support.root:
@@ -47,20 +46,8 @@ class ProcessBackend(LocalBackend):
         else:
             for name in ("network-none", "pid-isolation", "readonly-system"):
                 reasons[name] = support.reasons.get("namespaces", "unshare failed")
-        if support.root and support.setpriv:
-            provided.add("unprivileged")
-        else:
-            # Without root every sandbox runs as the calling user: not root, but not a uid of its
-            # own either, so sandboxes could read each other's workspaces.
-            reasons["unprivileged"] = support.reasons.get("setpriv", "setpriv failed")
         if support.cgroup:
-            provided |= {"memory-limit", "process-limit", "tree-kill"}
-        else:
-            reasons["memory-limit"] = reasons["process-limit"] = support.reasons.get("cgroup", "no cgroup")
-        if support.tmpfs:
-            provided.add("disk-quota")
-        else:
-            reasons["disk-quota"] = support.reasons.get("tmpfs", "cannot mount tmpfs")
+            provided.add("tree-kill")
         if not support.prlimit:
             raise_reason = support.reasons.get("prlimit", "prlimit missing")
             reasons.update({name: raise_reason for name in provided})
