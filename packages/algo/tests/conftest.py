@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from relayrl.core.plugins import reset_plugin_manager
+from relayrl.core.testing.fixtures import builtin_plugins_only  # noqa: F401
 
 
 @pytest.fixture(autouse=True)
@@ -14,9 +14,5 @@ def _restore_torch_process_state():
 
 
 @pytest.fixture(autouse=True)
-def _builtin_plugins_only(monkeypatch):
+def _builtin_plugins_only(builtin_plugins_only):  # noqa: F811 - the imported fixture, requested
     """Registries hold exactly the built-ins here, whatever third-party plugins are installed."""
-    monkeypatch.setenv("RELAYRL_LOAD_PLUGINS", "")
-    reset_plugin_manager()
-    yield
-    reset_plugin_manager()

@@ -6,6 +6,9 @@
     A fresh, empty ``s3://`` prefix on that server for one test.
 ``isolated_plugins``
     Resets the process-wide plugin manager before and after a test.
+``builtin_plugins_only``
+    Like ``isolated_plugins``, with third-party plugins filtered out (``RELAYRL_LOAD_PLUGINS=""``),
+    so registries hold exactly the built-ins whatever else is installed.
 """
 
 from __future__ import annotations
@@ -42,6 +45,16 @@ def s3_url(s3_server: S3Server) -> str:
 def isolated_plugins() -> Iterator[None]:
     from relayrl.core.plugins import reset_plugin_manager
 
+    reset_plugin_manager()
+    yield
+    reset_plugin_manager()
+
+
+@pytest.fixture
+def builtin_plugins_only(monkeypatch) -> Iterator[None]:
+    from relayrl.core.plugins import reset_plugin_manager
+
+    monkeypatch.setenv("RELAYRL_LOAD_PLUGINS", "")
     reset_plugin_manager()
     yield
     reset_plugin_manager()
