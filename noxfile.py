@@ -13,6 +13,8 @@ to the CPU build on this machine kind).
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -99,9 +101,6 @@ NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "integration"}
 
 
 def ensure_system_tools(session: nox.Session) -> None:
-    import os
-    import shutil
-
     missing = [package for command, package in SYSTEM_TOOLS.items() if shutil.which(command) is None]
     if not missing:
         return
@@ -110,6 +109,14 @@ def ensure_system_tools(session: nox.Session) -> None:
         return
     session.run("apt-get", "update", "-qq", external=True)
     session.run("apt-get", "install", "-y", "-qq", *missing, external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+
+
+def run_folder_tests(session: nox.Session, folder: Path) -> None:
+    """Install a package or plugin as a user would (with its local dependencies) and run its tests."""
+    if folder.name in NEEDS_SYSTEM_TOOLS:
+        ensure_system_tools(session)
+    install_local(session, folder)
+    session.run("pytest", str(folder / "tests"), *session.posargs)
 
 
 def _packages() -> list[str]:
@@ -132,11 +139,7 @@ def lint(session: nox.Session) -> None:
 @nox.parametrize("package", _packages())
 def tests(session: nox.Session, package: str) -> None:
     """One package's own tests, with only that package and its dependencies installed."""
-    folder = ROOT / "packages" / package
-    if package in NEEDS_SYSTEM_TOOLS:
-        ensure_system_tools(session)
-    install_local(session, folder)
-    session.run("pytest", str(folder / "tests"), *session.posargs)
+    run_folder_tests(session, ROOT / "packages" / package)
 
 
 if _plugins():
@@ -144,11 +147,7 @@ if _plugins():
     @nox.parametrize("plugin", _plugins())
     def plugins(session: nox.Session, plugin: str) -> None:
         """One plugin's tests (its conformance suites), with the plugin installed as a user would."""
-        folder = ROOT / "plugins" / plugin
-        if plugin in NEEDS_SYSTEM_TOOLS:
-            ensure_system_tools(session)
-        install_local(session, folder)
-        session.run("pytest", str(folder / "tests"), *session.posargs)
+        run_folder_tests(session, ROOT / "plugins" / plugin)
 
 
 @nox.session(tags=["ci"])

@@ -9,39 +9,36 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_wire_benchmark_quick_mode_runs_and_checks_round_trips():
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/wire.py"), "--quick"], capture_output=True,
+def run_quick(script: str) -> str:
+    """Run ``benchmarks/<script> --quick``; fail with its stderr unless it exits 0; return stdout."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick"], capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr
-    assert "relayrl msgpack+zstd" in result.stdout and "pickle" in result.stdout and "json" in result.stdout
+    return result.stdout
+
+
+def test_wire_benchmark_quick_mode_runs_and_checks_round_trips():
+    out = run_quick("wire.py")
+    assert "relayrl msgpack+zstd" in out and "pickle" in out and "json" in out
 
 
 def test_replay_benchmark_quick_mode_runs_and_agrees_with_the_dense_reference():
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/replay.py"), "--quick"], capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    assert "dense mask (baseline)" in result.stdout and "gradients agree" in result.stdout
+    out = run_quick("replay.py")
+    assert "dense mask (baseline)" in out and "gradients agree" in out
 
 
 def test_engine_benchmark_quick_mode_runs():
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/engine.py"), "--quick"], capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    assert "relayrl / generate" in result.stdout
+    out = run_quick("engine.py")
+    assert "relayrl / generate" in out
 
 
 def test_buffer_benchmark_quick_mode_runs_on_local_files_and_s3():
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/buffer.py"), "--quick"], capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    assert "local files" in result.stdout and "S3 (moto, loopback)" in result.stdout and "ingest/read x" in result.stdout
+    out = run_quick("buffer.py")
+    assert "local files" in out and "S3 (moto, loopback)" in out and "ingest/read x" in out
 
 
 def _run_weight_sync_benchmark(name: str) -> str:
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/weight_sync" / name), "--quick"],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    return run_quick(f"weight_sync/{name}")
 
 
 def test_weight_sync_compression_benchmark_quick_mode_covers_every_codec_and_lr():
@@ -66,15 +63,11 @@ def test_weight_sync_bootstrap_benchmark_quick_mode_compares_replay_with_a_snaps
 
 
 def test_checkpoint_benchmark_quick_mode_runs():
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/checkpoint.py"), "--quick"], capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    assert "save: trainer blocked" in result.stdout and "recover from peer" in result.stdout
+    out = run_quick("checkpoint.py")
+    assert "save: trainer blocked" in out and "recover from peer" in out
 
 
 def test_sandbox_benchmark_quick_mode_runs_every_available_backend_against_the_baseline():
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks/sandbox.py"), "--quick"], capture_output=True,
-                            text=True, timeout=600)
-    assert result.returncode == 0, result.stderr
-    assert "bare subprocess (baseline)" in result.stdout and "process (" in result.stdout
-    assert "grading 4 answers with process" in result.stdout
+    out = run_quick("sandbox.py")
+    assert "bare subprocess (baseline)" in out and "process (" in out
+    assert "grading 4 answers with process" in out
