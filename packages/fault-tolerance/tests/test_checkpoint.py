@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
 from relayrl.core.store import open_store
@@ -39,6 +41,29 @@ def test_snapshot_is_taken_at_save_time(tmp_path):
     live["model"]["w"].add_(1.0)  # the trainer moves on before the write finishes
     checkpointer.close()
     assert torch.equal(recover(checkpointer.local).state["model"]["w"], state(1)["model"]["w"])
+
+
+def test_a_save_waits_while_the_previous_one_is_still_writing(tmp_path):
+    checkpointer = AsyncCheckpointer(open_store(str(tmp_path / "node")))
+    release = threading.Event()
+    write = checkpointer.local.write
+
+    def slow_write(step, payload):
+        release.wait()
+        return write(step, payload)
+
+    checkpointer.local.write = slow_write
+    checkpointer.save(1, state(1))  # accepted: nothing else in flight
+    second = threading.Thread(target=checkpointer.save, args=(2, state(2)))
+    second.start()
+    second.join(0.3)
+    assert second.is_alive()  # bounded: it waits for step 1's write instead of queueing a snapshot
+    assert checkpointer.local.committed_steps() == []
+    release.set()
+    second.join()
+    assert 1 in checkpointer.local.committed_steps()  # step 1 is durable once step 2 is accepted
+    checkpointer.close()
+    assert checkpointer.local.committed_steps()[0] == 2
 
 
 def test_uncommitted_and_damaged_checkpoints_are_never_loaded(tmp_path):

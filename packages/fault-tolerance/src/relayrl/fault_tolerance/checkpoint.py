@@ -13,7 +13,9 @@ complete checkpoints older than the newest ``keep`` complete ones, and never one
 
 :class:`AsyncCheckpointer` blocks the trainer only for the copy to CPU memory; serialising and
 writing (to the local store and every peer store) happen on a background thread, one checkpoint at
-a time, in order. A failure there surfaces at the next ``save`` or ``wait``.
+a time, in order; at most ``max_in_flight`` (default 1) saves are in flight at once, so snapshot
+memory stays bounded and, with the default, step N - 1 is durable once step N is saved. A failure there
+surfaces at the next ``save`` or ``wait``.
 """
 
 from __future__ import annotations
@@ -161,26 +163,35 @@ class CheckpointStore:
 class SaveResult(msgspec.Struct, frozen=True, kw_only=True):
     step: int
     blocking_s: float
-    """Time the trainer waited: the copy to CPU memory."""
+    """Time the trainer waited: the copy to CPU memory, plus any wait for an earlier write."""
 
 
 class AsyncCheckpointer:
     """Snapshot now, write later: see the module docstring."""
 
     def __init__(self, local: Store, *, peers: Sequence[Store] = (), rank: int = 0, world_size: int = 1,
-                 keep: int = 3) -> None:
+                 keep: int = 3, max_in_flight: int = 1) -> None:
+        if max_in_flight < 1:
+            raise ValueError(f"max_in_flight must be at least 1, got {max_in_flight}")
         self.local = CheckpointStore(local, rank=rank, world_size=world_size)
         self.peers = [CheckpointStore(peer, rank=rank, world_size=world_size) for peer in peers]
         self.keep = keep
+        self.max_in_flight = max_in_flight
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint-writer")
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()
         self.last_write_s = 0.0
 
     def save(self, step: int, state: dict[str, Any]) -> SaveResult:
-        """Copy ``state`` to CPU (blocking), then serialise and write it in the background."""
+        """Copy ``state`` to CPU (blocking), then serialise and write it in the background.
+
+        At most ``max_in_flight`` saves are in flight (written or queued); past that, ``save`` first
+        waits for the oldest. This bounds the CPU memory held by snapshots when storage is slower
+        than a step, and guarantees that once step N is saved, step N - max_in_flight is durable.
+        """
         self._raise_failures()
         started = time.perf_counter()
+        self._wait_for_room()
         snapshot = to_cpu(state)
         blocking = time.perf_counter() - started
         with self._lock:
@@ -204,6 +215,14 @@ class AsyncCheckpointer:
             pending, self._pending = self._pending, []
         for future in pending:
             future.result()
+
+    def _wait_for_room(self) -> None:
+        while True:
+            with self._lock:
+                if len(self._pending) < self.max_in_flight:
+                    return
+                oldest = self._pending.pop(0)
+            oldest.result()
 
     def _raise_failures(self) -> None:
         with self._lock:
