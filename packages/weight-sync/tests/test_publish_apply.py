@@ -361,3 +361,24 @@ def test_maybe_publish_publishes_every_k_steps(store):
     bus = WeightBus(store)
     assert published == [0, 3, 6]
     assert [bus.read_manifest(version).step for version in bus.committed_versions()] == [0, 3, 6]
+
+
+def test_explicit_version_numbers_may_skip_and_deltas_chain_over_the_gaps(store):
+    # A trainer publishing every 2 steps numbers versions by its step: 2, 4, 6 (snapshot at 2).
+    publisher = Publisher(store, snapshot_every_versions=50, keep_versions=0)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    publisher.publish(state(2), version=2).result()
+    assert controller.poll_once().route == "snapshot" and engine.served_version() == 2
+    for version in (4, 6):
+        report = publisher.publish(state(version), version=version).result()
+        assert report.kind == "delta"
+    manifest = publisher.bus.read_manifest(6)
+    assert manifest.parent == 4
+    report = controller.poll_once()
+    assert report.route == "replay" and engine.served_version() == 6 and engine_equals(engine, state(6))
+    late = fresh_engine()  # a new engine: the snapshot at 2, then the deltas 4 and 6
+    assert Controller(store, late).poll_once().route == "snapshot" and engine_equals(late, state(6))
+    with pytest.raises(WeightSyncError, match="next version is 7"):
+        publisher.publish(state(5), version=5)
+    publisher.close()

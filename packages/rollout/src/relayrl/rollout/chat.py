@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from relayrl.core.wire import ToolCall, ToolResult
 
-__all__ = ["ChatFormat", "MalformedCall", "PlainChatFormat", "TemplateChatFormat", "Tokenizer", "format_tool_result",
+__all__ = ["ChatFormat", "MalformedCall", "PlainChatFormat", "RawChatFormat", "TemplateChatFormat", "Tokenizer", "format_tool_result",
            "parse_tool_calls"]
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -122,6 +122,34 @@ class PlainChatFormat:
 
     def assistant_prefix(self) -> list[int]:
         return self.tokenizer.encode("<|assistant|>\n")
+
+    def stop_token_ids(self) -> list[int]:
+        return [self._end_id]
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(tokens))
+
+
+class RawChatFormat:
+    """Completion style, for small task-specific models: messages are their content, nothing more.
+
+    ``render`` encodes the content alone (no role markers), the assistant prefix is empty and the
+    assistant ends its answer by generating ``end_token``. A single-turn prompt ``"3 4 7>17:"``
+    therefore costs exactly its characters: the countdown quickstart uses it.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, *, end_token: str = "<|end|>") -> None:
+        self.tokenizer = tokenizer
+        end_ids = tokenizer.encode(end_token)
+        if len(end_ids) != 1:
+            raise ValueError(f"end token {end_token!r} must be one token for this tokenizer, got {end_ids}")
+        self._end_id = end_ids[0]
+
+    def render(self, role: str, content: str) -> list[int]:
+        return self.tokenizer.encode(content)
+
+    def assistant_prefix(self) -> list[int]:
+        return []
 
     def stop_token_ids(self) -> list[int]:
         return [self._end_id]

@@ -60,7 +60,7 @@ class WeightBus:
         return self.key(f"bridges/{version:0{_WIDTH}d}-{attempt}")
 
     def read_bridge(self, manifest: WeightManifest) -> WeightManifest | None:
-        """The bridge delta a snapshot manifest names (onto ``version - 1``), or None."""
+        """The bridge delta a snapshot manifest names (onto the previous committed version), or None."""
         key = manifest.metadata.get("bridge")
         if not key:
             return None

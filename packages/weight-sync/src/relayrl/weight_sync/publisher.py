@@ -143,9 +143,15 @@ class Publisher:
             return None
         return self.publish(tensors, step=step, **kwargs)
 
-    def publish(self, tensors: Mapping[str, Any], *, step: int = 0,
-                metadata: Mapping[str, str] | None = None) -> Future[PublishReport]:
+    def publish(self, tensors: Mapping[str, Any], *, step: int = 0, metadata: Mapping[str, str] | None = None,
+                version: int | None = None) -> Future[PublishReport]:
         """Publish ``tensors`` (name -> numpy array or torch tensor, any device) as the next version.
+
+        ``version`` numbers it explicitly (a trainer that publishes every K steps numbers versions by
+        its own step count, so that token versions and trainer versions share one scale); it must
+        not be below the next number. Unpublished numbers in between are simply skipped: a delta's
+        ``parent`` is the last committed version, whatever its number (single-rank publishing; sharded
+        publishing keeps versions contiguous).
 
         Returns once the bits are copied to CPU; the returned future completes when the version is
         committed (or fails). A previous publish still uploading is waited for first (backpressure:
@@ -159,11 +165,15 @@ class Publisher:
             except Exception as exc:
                 self.last_error = exc
                 log.warning("publishing weight version %d failed: %s", self.next_version, exc)
+            if version is None:
+                version = self.next_version
+            elif version < self.next_version or (self.world_size > 1 and version != self.next_version):
+                raise WeightSyncError(f"cannot publish version {version}: the next version is {self.next_version}"
+                                      + (" (sharded publishing needs contiguous versions)" if self.world_size > 1 else ""))
             start = time.perf_counter()
             current = self._copy_to_cpu(tensors)
             copy_s = time.perf_counter() - start
-            version = self.next_version
-            self.next_version += 1
+            self.next_version = version + 1
             job = (version, current, step, dict(metadata or {}), copy_s)
             if self._background is None:
                 future: Future[PublishReport] = Future()
@@ -230,7 +240,9 @@ class Publisher:
 
     def _encode_upload_commit(self, version: int, current: dict[str, np.ndarray], step: int,
                               metadata: dict[str, str], copy_s: float) -> PublishReport:
-        has_parent = self._base is not None and self._base_version == version - 1
+        has_parent = self._base is not None and self._base_version is not None and (
+            self._base_version == version - 1 if self.world_size > 1 else self._base_version < version)
+        parent = self._base_version if has_parent else None
         full = (not has_parent or self._snapshot_version is None
                 or version - self._snapshot_version >= self.snapshot_every_versions)
         # A snapshot with a parent also gets a bridge delta, so that engines a few versions behind
@@ -249,7 +261,7 @@ class Publisher:
         metadata = {**metadata, "attempt": attempt, "world_size": str(self.world_size)}
         if bridge_encoded is not None:
             bridge_entries = self._upload(version, attempt + "-bridge", names, bridge_encoded, self.delta_codec.name)
-            bridge_manifest = new_manifest(version=version, parent=version - 1, kind="delta", tensors=bridge_entries,
+            bridge_manifest = new_manifest(version=version, parent=parent, kind="delta", tensors=bridge_entries,
                                            snapshot=self._snapshot_version, step=step, metadata=dict(metadata))
             metadata["bridge"] = self.bus.bridge_key(version, attempt)
             self.bus.write_manifest(bridge_manifest, key=metadata["bridge"])
@@ -257,7 +269,7 @@ class Publisher:
 
         start = time.perf_counter()
         snapshot = version if full else self._snapshot_version
-        manifest = new_manifest(version=version, parent=None if full else version - 1, kind="full" if full else "delta",
+        manifest = new_manifest(version=version, parent=None if full else parent, kind="full" if full else "delta",
                                 tensors=entries, snapshot=snapshot, step=step, metadata=metadata)
         committed = self._commit(manifest)
         commit_s = time.perf_counter() - start

@@ -1,0 +1,220 @@
+"""Countdown-lite: a verifiable arithmetic task small enough to learn on two CPU cores.
+
+A prompt is ``"a b c>T:"``: three numbers from 1 to 9 and a target ``T`` (0 to 99) that some
+``+ - *`` expression over exactly those three numbers (any order, no parentheses, usual precedence)
+evaluates to. The answer is such an expression, e.g. ``"7*3-4"`` for ``"3 4 7>17:"``. Reward 1 when
+the answer is well formed, uses exactly the multiset ``{a, b, c}`` and evaluates to ``T``; else 0.
+
+Grading runs in the sandbox (relayrl-sandbox): the answers are untrusted model output, so they are
+parsed and evaluated by a small script in a sandboxed process without network, never on the host.
+Answers of groups that finish together are graded by one sandbox command (``grade_window_s``):
+starting a sandboxed process costs milliseconds, a group's worth of parsing microseconds.
+
+The environment also provides the warm-up demonstrations (the expression that made each target),
+the character alphabet of its tokenizer, and a held-out evaluation set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from relayrl.core.config import Section
+from relayrl.core.wire import TaskSpec, Trajectory
+
+__all__ = ["ALPHABET", "CountdownConfig", "CountdownEnvironment", "evaluate", "make_tasks", "score"]
+
+ALPHABET = "0123456789+-*> :"
+"""Every character of prompts and well-formed answers."""
+
+OPERATORS = "+-*"
+
+# Runs inside the sandbox: reads [{"numbers": [...], "target": T, "answer": "..."}] on stdin, prints
+# one reward per answer. Kept free of eval(): answers are parsed, not executed.
+GRADE_SCRIPT = r"""
+import json, re, sys
+WELL_FORMED = re.compile(r"^[1-9](?:[+\-*][1-9])*$")
+def value(expression):
+    total, sign, term, pending = 0, 1, 1, "*"
+    for char in expression + "+":
+        if char.isdigit():
+            term = term * int(char) if pending == "*" else int(char)
+        elif char == "*":
+            pending = "*"
+        else:
+            total += sign * term
+            sign, term, pending = (1 if char == "+" else -1), 1, "*"
+    return total
+rewards = []
+for item in json.load(sys.stdin):
+    answer = item["answer"].strip()
+    ok = (bool(WELL_FORMED.match(answer))
+          and sorted(int(c) for c in answer if c.isdigit()) == sorted(item["numbers"])
+          and value(answer) == item["target"])
+    rewards.append(1.0 if ok else 0.0)
+print(json.dumps(rewards))
+"""
+
+
+def evaluate(expression: str) -> int:
+    """The value of a ``+ - *`` expression over single digits (host-side, for task generation)."""
+    total, sign, term = 0, 1, 1
+    pending = "*"
+    for char in expression + "+":
+        if char.isdigit():
+            term = term * int(char) if pending == "*" else int(char)
+        elif char == "*":
+            pending = "*"
+        else:
+            total += sign * term
+            sign, term, pending = (1 if char == "+" else -1), 1, "*"
+    return total
+
+
+def score(numbers: Sequence[int], target: int, answer: str) -> float:
+    """The reward of ``answer`` (a reference implementation of the sandboxed grader; tests compare them)."""
+    answer = answer.strip()
+    if not answer or any(char not in "123456789" + OPERATORS for char in answer):
+        return 0.0
+    if answer[0] in OPERATORS or answer[-1] in OPERATORS or any(
+            a in OPERATORS and b in OPERATORS for a, b in zip(answer, answer[1:])):
+        return 0.0
+    if any(a.isdigit() and b.isdigit() for a, b in zip(answer, answer[1:])):
+        return 0.0
+    digits = sorted(int(char) for char in answer if char.isdigit())
+    return 1.0 if digits == sorted(numbers) and evaluate(answer) == target else 0.0
+
+
+def make_tasks(count: int, *, seed: int, prefix: str = "cd") -> list[TaskSpec]:
+    """``count`` random tasks; each keeps the expression that made it as its demonstration."""
+    rng = random.Random(seed)
+    tasks = []
+    while len(tasks) < count:
+        numbers = [rng.randint(1, 9) for _ in range(3)]
+        order = rng.sample(numbers, 3)
+        expression = f"{order[0]}{rng.choice(OPERATORS)}{order[1]}{rng.choice(OPERATORS)}{order[2]}"
+        target = evaluate(expression)
+        if not 0 <= target <= 99:
+            continue
+        shown = sorted(numbers)
+        prompt = f"{shown[0]} {shown[1]} {shown[2]}>{target}:"
+        tasks.append(TaskSpec(task_id=f"{prefix}-{len(tasks)}", instruction=prompt, kind="answer",
+                              answer=expression, metadata={"numbers": shown, "target": target}))
+    return tasks
+
+
+class CountdownConfig(Section, kw_only=True):
+    """Options of the ``countdown`` environment (``[rollout.environment_options]``)."""
+
+    tasks: int = 20000
+    """Size of the training pool (the prompt scheduler cycles through it)."""
+    eval_tasks: int = 200
+    """Held-out tasks (different seed) for evaluation."""
+    seed: int = 0
+    grade_window_s: float = 0.02
+    """Answers arriving within this window are graded by one sandbox command."""
+
+
+class CountdownEnvironment:
+    """Tasks, demonstrations, and sandboxed grading of countdown-lite (environment ``countdown``)."""
+
+    Config = CountdownConfig
+    alphabet = ALPHABET
+
+    def __init__(self, config: CountdownConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
+        self.config = config or CountdownConfig()
+        self._sandbox_section = sandbox
+        self._pm = pm
+        self._backend: Any = None
+        self._waiting: list[tuple[list[dict[str, Any]], asyncio.Future[list[float]]]] = []
+        self._flush: asyncio.TimerHandle | None = None
+        self.sandbox_calls = 0
+        self.graded_answers = 0
+
+    def tasks(self) -> list[TaskSpec]:
+        return make_tasks(self.config.tasks, seed=self.config.seed)
+
+    def eval_tasks(self) -> list[TaskSpec]:
+        return make_tasks(self.config.eval_tasks, seed=self.config.seed + 1_000_003, prefix="cd-eval")
+
+    @staticmethod
+    def demonstration(task: TaskSpec) -> str:
+        """The reference answer used by the supervised warm-up."""
+        return str(task.answer)
+
+    def tools(self, task: TaskSpec) -> Any:
+        from relayrl.rollout.manager import no_tools
+
+        return no_tools(task)
+
+    # ------------------------------------------------------------------ grading
+    def _open_backend(self) -> Any:
+        if self._backend is None:
+            from relayrl.sandbox import SandboxSection, open_backend
+
+            self._backend = open_backend(section=self._sandbox_section or SandboxSection(), pm=self._pm)
+        return self._backend
+
+    def grade_sync(self, items: list[dict[str, Any]]) -> list[float]:
+        """Grade ``[{numbers, target, answer}]`` with one command in a fresh sandbox."""
+        with self._open_backend().create() as sandbox:
+            result = sandbox.exec(["python3", "-I", "-c", GRADE_SCRIPT], stdin=json.dumps(items), timeout=30)
+        self.sandbox_calls += 1
+        self.graded_answers += len(items)
+        if not result.ok:
+            raise RuntimeError(f"countdown grader failed (exit {result.exit_status}): {result.output[-2000:]}")
+        rewards = json.loads(result.stdout)
+        if len(rewards) != len(items):
+            raise RuntimeError(f"countdown grader returned {len(rewards)} rewards for {len(items)} answers")
+        return [float(reward) for reward in rewards]
+
+    async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
+        from relayrl.rollout.manager import with_rewards
+
+        texts = [answer or _final_text(trajectory) for trajectory, answer in zip(trajectories, answers)]
+        items = [{"numbers": task.metadata["numbers"], "target": task.metadata["target"], "answer": text[:64]}
+                 for text in texts]
+        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
+        self._waiting.append((items, future))
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(self.config.grade_window_s, self._grade_waiting)
+        rewards = await future
+        return [with_rewards(trajectory, reward, correct=reward) for trajectory, reward in zip(trajectories, rewards)]
+
+    def _grade_waiting(self) -> None:
+        self._flush = None
+        waiting, self._waiting = self._waiting, []
+        items = [item for batch, _ in waiting for item in batch]
+
+        def resolve(job: asyncio.Future[list[float]]) -> None:
+            error = job.exception()
+            position = 0
+            for batch, future in waiting:
+                start, position = position, position + len(batch)
+                if future.done():  # its group was cancelled meanwhile
+                    continue
+                if error is not None:
+                    future.set_exception(error)
+                else:
+                    future.set_result(job.result()[start:position])
+
+        job = asyncio.ensure_future(asyncio.to_thread(self.grade_sync, items))
+        job.add_done_callback(resolve)
+
+    def metrics(self) -> dict[str, float]:
+        return {"sandbox/calls": float(self.sandbox_calls), "sandbox/graded_answers": float(self.graded_answers)}
+
+    def close(self) -> None:
+        self._backend = None
+
+
+def _final_text(trajectory: Trajectory) -> str:
+    for segment in reversed(trajectory.segments):
+        for turn in reversed(segment.turns):
+            if turn.role == "assistant":
+                return turn.text or ""
+    return ""
+
