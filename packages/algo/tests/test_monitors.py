@@ -43,6 +43,17 @@ def test_alarm_fires_on_a_drop_after_warmup_only_in_the_watched_direction():
     assert "entropy/token_mean = 0.05 at step 30" in collapse[0].message
 
 
+def test_a_steady_series_needs_a_material_change_to_alarm():
+    config = AlarmConfig(alpha=0.1, threshold=4.0, warmup=5, min_std=1e-3, min_relative_change=0.1)
+    rule = EWMAAlarm(config)
+    for _ in range(20):
+        rule.update(6.0)  # response length of a converged policy: flat
+    fired, z, _ = rule.update(5.7)  # -5%: far beyond 4 stds of a flat series, but immaterial
+    assert z < -4 and not fired
+    fired, _, _ = rule.update(4.0)  # -33%: an alarm
+    assert fired
+
+
 def test_no_alarm_during_warmup_and_state_round_trip():
     monitor = SeriesMonitor("kl", "mismatch/kl_k3", "up", AlarmConfig(warmup=5))
     assert monitor.observe(0, {"mismatch/kl_k3": 0.001})[1] == []

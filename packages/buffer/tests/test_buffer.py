@@ -101,6 +101,25 @@ def test_drops_are_recorded_with_reasons_and_counted(store):
     assert end.state.resolved_groups == 5
 
 
+def test_a_waiting_trainer_resolves_drops_without_a_batch(store):
+    # Everything pending is too stale for a batch: next_batch changes nothing, resolve_drops settles them.
+    groups = [make_group(f"old{i}", version=1) for i in range(3)] + [make_group("fresh", version=9)]
+    commit(store, "a", groups, at=1)
+    buffer = Buffer(store, config(batch_groups=2, staleness={"max_staleness": 2}, **NO_REBALANCE))
+    buffer.poll()
+    assert buffer.next_batch(10) is None and buffer.pending == 4
+    drops = buffer.resolve_drops(10)
+    assert [(d.group_id, d.reason) for d in drops] == [("old0", "stale"), ("old1", "stale"), ("old2", "stale")]
+    assert buffer.pending == 1 and buffer.state().resolved_groups == 3 and buffer.resolve_drops(10) == ()
+    restored = Buffer(store, config(batch_groups=2, staleness={"max_staleness": 2}, **NO_REBALANCE))
+    restored.restore(buffer.state())
+    restored.poll()
+    assert restored.pending == 1  # resolved drops are never ingested again
+    commit(store, "b", [make_group("fresh2", version=10)], at=10)
+    restored.poll()
+    assert ids(restored.next_batch(10)) == ["fresh", "fresh2"]
+
+
 def test_down_weighted_groups_carry_their_weight_and_reason(store):
     commit(store, "a", [make_group("g0", version=5), make_group("g1", version=3)], at=1)
     buffer = Buffer(store, config(batch_groups=2, staleness={"max_staleness": 1, "action": "down-weight"}))
@@ -142,6 +161,7 @@ def test_state_restores_exactly_once_while_segments_keep_arriving(store_url):
         buffer.poll()
         batch = buffer.next_batch(version, partial=round_ == 11)
         if batch is None:
+            dropped += [d.group_id for d in buffer.resolve_drops(version)]  # as a waiting trainer does
             continue
         trained += ids(batch)
         dropped += [d.group_id for d in batch.dropped]

@@ -169,3 +169,30 @@ def test_sigterm_stops_cleanly_with_nothing_half_committed(tmp_path):
         assert len(group.trajectories) == 3
         assert [t.reward for t in sorted(group.trajectories, key=lambda t: t.sample_index)] == [1.0, 0.0, 0.0]
         assert all(t.num_generated_tokens == len("a fairly long answer") + 1 for t in group.trajectories)
+
+
+class ConstantGrader:
+    """Every sample of the first task earns 1, of the others 0 for odd sample indices."""
+
+    async def grade(self, task, trajectories, answers):
+        return [with_rewards(t, 1.0 if task.task_id == "same" else float(t.sample_index % 2 == 0)) for t in trajectories]
+
+
+def test_zero_variance_groups_are_counted_but_not_committed(tmp_path):
+    from relayrl.rollout.agent import SingleTurn
+    from relayrl.rollout.manager import read_fleet_counters, write_fleet_counters
+
+    store = open_store(str(tmp_path / "bus"))
+    tasks = [TaskSpec(task_id="same", instruction="a"), TaskSpec(task_id="mixed", instruction="b")]
+    manager = RolloutManager(
+        scheduler=PromptScheduler(tasks, seed=0), harness=SingleTurn(), proxy=TokenRecordingProxy(
+            ScriptedEngine(["x"] * 8, "summarise")), chat=CHAT, sampling=SamplingParams(), grader=ConstantGrader(),
+        writer=SegmentWriter(store, "rollout-0", groups_per_segment=1), store=store, group_size=2,
+        max_concurrent_groups=1, skip_zero_variance=True)
+    asyncio.run(manager.run(max_groups=4))
+    assert (manager.graded_groups, manager.committed_groups, manager.skipped_groups) == (4, 2, 2)
+    assert len(store.list("rollouts/")) == 2
+    write_fleet_counters(store, "rollout-0", manager.fleet_counters())
+    counters = read_fleet_counters(store)["rollout-0"]
+    assert counters["reward_count"] == 8 and counters["reward_sum"] == 6  # 2x(1+1) + 2x(1+0)
+    assert manager.metrics()["fleet/zero_variance_skipped"] == 2

@@ -62,6 +62,9 @@ class AlarmConfig(Section, kw_only=True):
     """Observations before any alarm."""
     min_std: float = 1e-3
     """Floor on the std, so a perfectly flat series does not alarm on noise."""
+    min_relative_change: float = 0.1
+    """An alarm also needs the value to differ from the expected one by this fraction of it: a very
+    steady series (response length of a converged policy) otherwise alarms on a 5% wobble."""
 
 
 class EWMAAlarm:
@@ -81,7 +84,8 @@ class EWMAAlarm:
         expected = self.mean
         std = max(math.sqrt(self.variance), self.config.min_std)
         z = (value - expected) / std if self.count else 0.0
-        fired = self.count >= self.config.warmup and (
+        material = abs(value - expected) >= self.config.min_relative_change * abs(expected)
+        fired = self.count >= self.config.warmup and material and (
             (self.direction in ("up", "both") and z > self.config.threshold)
             or (self.direction in ("down", "both") and z < -self.config.threshold))
         if self.count == 0:

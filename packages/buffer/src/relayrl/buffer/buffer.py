@@ -176,6 +176,29 @@ class Buffer:
             return None
         return self._emit(trainer_version, chosen, drops, rebalanced=rebalanced, oversized=oversized)
 
+    def resolve_drops(self, trainer_version: int) -> tuple[DroppedGroup, ...]:
+        """Drop, now, every pending group that admission drops at ``trainer_version``; return them.
+
+        :meth:`next_batch` decides drops lazily, only for groups it scans while filling a batch, and
+        changes nothing when it cannot fill one. A trainer waiting for a batch calls this so that
+        groups that will never be trained (too stale) are resolved and reported as consumed:
+        otherwise a fleet held back by ``max_ahead_groups`` and a trainer waiting for fresh groups
+        would wait for each other. It picks the same drops a later batch would have: staleness only
+        grows with the trainer's version, and the other built-in drops do not depend on it. The
+        cursor moves as for a batch; checkpoint :meth:`state` with the next step.
+        """
+        drops = [(group, verdict) for group in self._pending
+                 if (verdict := self.admission.admit(group, trainer_version)).dropped]
+        if not drops:
+            return ()
+        drops.sort(key=lambda item: item[0].order)
+        resolved = {group.ref for group, _ in drops}
+        for ref in sorted(resolved):
+            self._cursor.resolve(ref, self._segment_sizes[(ref.producer_id, ref.sequence)])
+        self._pending = [group for group in self._pending if group.ref not in resolved]
+        return tuple(DroppedGroup(ref=group.ref, group_id=group.group.group_id, reason=verdict.drop_reason or "")
+                     for group, verdict in drops)
+
     def wait_for_batch(self, trainer_version: int, *, timeout_s: float | None = None,
                        partial: bool = False) -> Batch | None:
         """Poll every ``poll_interval_s`` until :meth:`next_batch` returns one (None after ``timeout_s``)."""

@@ -11,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from relayrl.cli import config_cmd, data_cmd, plugins_cmd, report_cmd
+from relayrl.cli import config_cmd, data_cmd, model_cmd, plugins_cmd, report_cmd, run_cmd
 from relayrl.core.errors import RelayrlError
 
-COMMANDS = (plugins_cmd, config_cmd, report_cmd, data_cmd)
+COMMANDS = (run_cmd, report_cmd, model_cmd, plugins_cmd, config_cmd, data_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -85,7 +85,7 @@ def _tenths(values: list[float]) -> tuple[float, float]:
 
 
 PLOTS: list[tuple[str, str, list[tuple[str, str]]]] = [
-    ("reward", "Reward", [("reward/mean", "mean reward")]),
+    ("reward", "Reward", [("reward/fleet_mean", "every rollout (the success rate)"), ("reward/mean", "trained batch")]),
     ("entropy", "Entropy (nats/token)", [("entropy/token_mean", "full distribution"), ("entropy/kept_mean", "kept-set")]),
     ("mismatch", "Train/inference mismatch KL", [("mismatch/kl_k1", "k1"), ("mismatch/kl_k3", "k3")]),
     ("lengths", "Response length and turns", [("response/tokens_mean", "tokens per trajectory"),
@@ -124,13 +124,8 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
             missing.append(title)
             continue
         figure, axis = plt.subplots(figsize=(7, 3.2))
-        for name, label, steps, values in present:
+        for _name, label, steps, values in present:
             axis.plot(steps, values, label=label, linewidth=1.4)
-            if name == "reward/mean":
-                _, std = _series(records, "reward/std")
-                if len(std) == len(values):
-                    axis.fill_between(steps, [v - s for v, s in zip(values, std)], [v + s for v, s in zip(values, std)],
-                                      alpha=0.15)
         for step in alarm_steps:
             axis.axvline(step, color="tab:red", alpha=0.3, linewidth=0.8)
         axis.set_title(title)
@@ -164,12 +159,18 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     else:
         missing.append("Staleness histogram")
 
-    _, rewards = _series(records, "reward/mean")
+    # The fleet's reward counts every graded group; the batch's is biased by the zero-variance filter.
+    _, rewards = _series(records, "reward/fleet_mean")
+    reward_source = "reward/fleet_mean"
+    if not rewards:
+        _, rewards = _series(records, "reward/mean")
+        reward_source = "reward/mean"
     _, entropy = _series(records, "entropy/token_mean")
     summary: dict[str, Any] = {"run": str(run_dir), "steps": len(records),
                                "wall_time_s": round(records[-1]["time"] - start_time, 1), "alarms": len(alarms)}
     if rewards:
         summary["reward_first_tenth"], summary["reward_last_tenth"] = (round(v, 4) for v in _tenths(rewards))
+        summary["reward_metric"] = reward_source
     if entropy:
         summary["entropy_first_tenth"], summary["entropy_last_tenth"] = (round(v, 4) for v in _tenths(entropy))
 

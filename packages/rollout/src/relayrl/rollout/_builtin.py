@@ -44,3 +44,20 @@ def relayrl_rollout_harnesses():
 
     yield Registration("coding-agent", CodingAgent, "multi-turn tool use, parallel calls, self-compaction")
     yield Registration("single-turn", SingleTurn, "one answer, no tools")
+
+
+@hookimpl
+def relayrl_rollout_environments():
+    from relayrl.rollout.countdown import CountdownEnvironment
+    from relayrl.rollout.environments import CodeEnvironment
+
+    yield Registration("countdown", CountdownEnvironment, "countdown-lite arithmetic, answers graded in the sandbox")
+    yield Registration("code", CodeEnvironment, "the shipped bug-fix tasks: agent tools and hidden tests in sandboxes")
+
+
+@hookimpl
+def relayrl_core_config_sections():
+    from relayrl.rollout.config import ModelSection, RolloutSection
+
+    yield Registration("model", ModelSection, "the policy's weights, tokenizer and chat format")
+    yield Registration("rollout", RolloutSection, "engines, router, harness and environment of the rollout fleet")

@@ -167,7 +167,10 @@ class TemplateChatFormat:
         self.tokenizer = tokenizer
 
     def _ids(self, messages: list[dict[str, str]], *, generation_prompt: bool = False) -> list[int]:
-        return list(self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt))
+        ids = self.tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt)
+        if hasattr(ids, "keys"):  # transformers 5 returns a BatchEncoding, earlier versions a list
+            ids = ids["input_ids"]
+        return list(ids)
 
     def render(self, role: str, content: str) -> list[int]:
         anchor = [{"role": "user", "content": "."}]

@@ -17,6 +17,7 @@ the character alphabet of its tokenizer, and a held-out evaluation set.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import random
 from collections.abc import Sequence
@@ -80,9 +81,9 @@ def score(numbers: Sequence[int], target: int, answer: str) -> float:
     if not answer or any(char not in "123456789" + OPERATORS for char in answer):
         return 0.0
     if answer[0] in OPERATORS or answer[-1] in OPERATORS or any(
-            a in OPERATORS and b in OPERATORS for a, b in zip(answer, answer[1:])):
+            a in OPERATORS and b in OPERATORS for a, b in itertools.pairwise(answer)):
         return 0.0
-    if any(a.isdigit() and b.isdigit() for a, b in zip(answer, answer[1:])):
+    if any(a.isdigit() and b.isdigit() for a, b in itertools.pairwise(answer)):
         return 0.0
     digits = sorted(int(char) for char in answer if char.isdigit())
     return 1.0 if digits == sorted(numbers) and evaluate(answer) == target else 0.0

@@ -23,9 +23,10 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from relayrl.core.config import Section
 from relayrl.core.wire import TaskSpec, Trajectory
 
-__all__ = ["SandboxEnvironment"]
+__all__ = ["CodeEnvironment", "CodeEnvironmentConfig", "SandboxEnvironment"]
 
 
 class SandboxEnvironment:
@@ -56,3 +57,28 @@ class SandboxEnvironment:
 
     async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
         return await asyncio.to_thread(self.grader.grade_trajectories, task, list(zip(trajectories, answers)))
+
+
+class CodeEnvironmentConfig(Section, kw_only=True):
+    """Options of the ``code`` environment (``[rollout.environment_options]``)."""
+
+    tasks: str = ""
+    """A task source for ``relayrl.sandbox.load_tasks`` (directory or JSONL); empty: the shipped bug-fix tasks."""
+
+
+class CodeEnvironment(SandboxEnvironment):
+    """Environment ``code``: bug-fix tasks, agent tools in sandboxes, hidden tests in an isolated grader."""
+
+    Config = CodeEnvironmentConfig
+
+    def __init__(self, config: CodeEnvironmentConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
+        super().__init__(section=sandbox, pm=pm)
+        self.config = config or CodeEnvironmentConfig()
+
+    def tasks(self) -> list[TaskSpec]:
+        from relayrl.sandbox import load_tasks, shipped_tasks
+
+        return list(load_tasks(self.config.tasks)) if self.config.tasks else list(shipped_tasks())
+
+    def metrics(self) -> dict[str, float]:
+        return {}

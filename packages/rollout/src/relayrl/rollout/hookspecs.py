@@ -40,3 +40,18 @@ def relayrl_rollout_harnesses() -> Iterable[Registration[Any]]:
     must be built from rendered and generated tokens, never re-tokenised text. Built in:
     ``coding-agent`` (multi-turn, parallel tool calls, self-compaction) and ``single-turn``.
     """
+
+
+@hookspec
+def relayrl_rollout_environments() -> Iterable[Registration[Any]]:
+    """Environments: where tasks come from, what tools an agent gets, and how answers are graded.
+
+    ``factory(config, *, sandbox, pm)`` (a class with a ``Config`` section for
+    ``[rollout.environment_options]``; ``sandbox`` is the run's ``[sandbox]`` section) returns an
+    object with ``tasks() -> list[TaskSpec]``, ``tools(task)`` (an async context manager yielding a
+    ``ToolExecutor`` or None), ``async grade(task, trajectories, answers) -> list[Trajectory]`` and
+    ``metrics() -> dict[str, float]``; optionally ``demonstration(task) -> str`` (for the supervised
+    warm-up), ``eval_tasks()`` and ``alphabet`` (for a character tokenizer). Built in: ``countdown``
+    (arithmetic answers graded in the sandbox) and ``code`` (the shipped bug-fix tasks, agent tools
+    and hidden tests in sandboxes).
+    """

@@ -10,6 +10,13 @@ consumed from each producer). The manager starts no new group while it is more t
 ``max_ahead_groups`` groups ahead of the trainer, so a stalled trainer does not let the fleet fill
 the bus with rollouts that will be too stale to train on.
 
+**Zero-variance groups.** A group whose samples all earned the same reward has zero advantage
+everywhere: no learning signal. With ``skip_zero_variance`` the manager does not commit it (early in
+a run that is most groups, and committing them would also count against ``max_ahead_groups``);
+it still feeds the prompt scheduler and the fleet's reward counters (``fleet_counters``), so
+nothing is silent. The buffer's ``zero-variance`` admission policy does the same on the trainer
+side for producers that commit everything.
+
 **Shutdown.** :meth:`RolloutManager.stop` (wired to SIGTERM by the runner) stops starting groups,
 cancels those in flight (their trajectories are discarded, never half-committed) and commits the
 complete groups still queued. Segments are atomic, so a kill at any moment loses at most the groups
@@ -37,7 +44,7 @@ from relayrl.rollout.chat import ChatFormat
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
 
-__all__ = ["Grader", "RolloutManager", "read_progress", "write_progress"]
+__all__ = ["Grader", "RolloutManager", "read_fleet_counters", "read_progress", "write_fleet_counters", "write_progress"]
 
 PROGRESS_KEY = "progress"
 
@@ -73,6 +80,26 @@ def write_progress(store: Store, *, step: int, version: int, consumed: dict[str,
     store.put(PROGRESS_KEY, json.dumps({"step": step, "version": version, "consumed": consumed}).encode())
 
 
+FLEET_PREFIX = "fleet/"
+
+
+def write_fleet_counters(store: Store, producer_id: str, counters: dict[str, float]) -> None:
+    """Producer side: cumulative counters (groups graded/committed/skipped, reward sum and count)."""
+    store.put(f"{FLEET_PREFIX}{producer_id}.json", json.dumps(counters).encode())
+
+
+def read_fleet_counters(store: Store) -> dict[str, dict[str, float]]:
+    """Trainer side: every producer's last counters, by producer id. The mean reward over an interval
+    is the difference of ``reward_sum`` over that of ``reward_count`` between two reads."""
+    counters = {}
+    for key in store.list(FLEET_PREFIX):
+        try:
+            counters[key[len(FLEET_PREFIX):].removesuffix(".json")] = json.loads(store.get(key))
+        except (ObjectNotFound, ValueError):
+            continue
+    return counters
+
+
 def read_progress(store: Store) -> dict[str, Any]:
     """The trainer's last progress record (``{}`` before its first step)."""
     try:
@@ -87,7 +114,8 @@ class RolloutManager:
     def __init__(self, *, scheduler: Any, harness: Harness, proxy: TokenRecordingProxy, chat: ChatFormat,
                  sampling: SamplingParams, grader: Grader, writer: Any, store: Store | None = None,
                  tools: ToolsFactory = no_tools, shapers: Sequence[Any] = (), group_size: int = 8,
-                 max_concurrent_groups: int = 4, max_ahead_groups: int = 64, progress_poll_s: float = 0.5) -> None:
+                 max_concurrent_groups: int = 4, max_ahead_groups: int = 64, progress_poll_s: float = 0.5,
+                 skip_zero_variance: bool = False, zero_variance_tolerance: float = 1e-6) -> None:
         self.scheduler = scheduler
         self.harness = harness
         self.proxy = proxy
@@ -102,7 +130,13 @@ class RolloutManager:
         self.max_concurrent_groups = max_concurrent_groups
         self.max_ahead_groups = max_ahead_groups
         self.progress_poll_s = progress_poll_s
+        self.skip_zero_variance = skip_zero_variance
+        self.zero_variance_tolerance = zero_variance_tolerance
         self.committed_groups = 0
+        self.graded_groups = 0
+        self.skipped_groups = 0
+        self.reward_sum = 0.0
+        self.reward_count = 0
         self.generated_tokens = 0
         self.started = time.monotonic()
         self._stopping = asyncio.Event()
@@ -130,6 +164,14 @@ class RolloutManager:
         for shaper in self.shapers:
             group = shaper(group, step=step)
         self.scheduler.observe(group)
+        rewards = [float(trajectory.reward) for trajectory in group.trajectories]
+        self.graded_groups += 1
+        self.reward_sum += sum(rewards)
+        self.reward_count += len(rewards)
+        if self.skip_zero_variance and rewards and max(rewards) - min(rewards) <= self.zero_variance_tolerance:
+            self.skipped_groups += 1
+            self.generated_tokens += sum(trajectory.num_generated_tokens for trajectory in group.trajectories)
+            return group
         async with self._commit_lock:
             await asyncio.get_running_loop().run_in_executor(None, self.writer.add, group)
             self.committed_groups += 1
@@ -188,8 +230,15 @@ class RolloutManager:
 
     def metrics(self) -> dict[str, float]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
-        return {"fleet/groups": float(self.committed_groups), "fleet/tokens_per_s": self.generated_tokens / elapsed,
-                **self.scheduler.metrics()}
+        return {"fleet/groups": float(self.committed_groups), "fleet/groups_graded": float(self.graded_groups),
+                "fleet/zero_variance_skipped": float(self.skipped_groups),
+                "fleet/tokens_per_s": self.generated_tokens / elapsed, **self.scheduler.metrics()}
+
+    def fleet_counters(self) -> dict[str, float]:
+        """Cumulative counters of this producer (see :func:`write_fleet_counters`)."""
+        return {"graded_groups": float(self.graded_groups), "committed_groups": float(self.committed_groups),
+                "skipped_groups": float(self.skipped_groups), "reward_sum": self.reward_sum,
+                "reward_count": float(self.reward_count), "generated_tokens": float(self.generated_tokens)}
 
 
 def with_rewards(trajectory: Trajectory, reward: float, **components: float) -> Trajectory:

@@ -6,7 +6,17 @@ from typing import Any
 
 from relayrl.core.config import ConfigError, Section
 
-__all__ = ["TrainerSection"]
+__all__ = ["TrainerSection", "WarmupSection"]
+
+
+class WarmupSection(Section, kw_only=True):
+    """``[trainer.warmup]``: supervised steps on the environment's demonstrations before RL (0: none)."""
+
+    steps: int = 0
+    batch_size: int = 128
+    lr: float = 3e-3
+    ramp: float = 0.1
+    """Fraction of the steps over which the learning rate ramps up linearly from 0."""
 
 
 class TrainerSection(Section, kw_only=True):
@@ -20,16 +30,23 @@ class TrainerSection(Section, kw_only=True):
     """Max global gradient norm; 0 disables clipping."""
     entropy_coef: float = 0.0
     """Weight of an entropy bonus on the full next-token distribution at trained positions."""
-    batch_groups: int = 16
-    """Groups per optimiser step."""
     threads: int = 0
     """torch intra-op threads for the trainer process; 0 = torch's default."""
+    steps: int = 0
+    """RL optimiser steps of a ``relayrl run``; 0 runs until stopped."""
+    checkpoint_keep: int = 3
+    """Per-step checkpoints kept in ``<run_dir>/checkpoints`` (relayrl-fault-tolerance)."""
+    checkpoint_peers: tuple[str, ...] = ()
+    """Stores that receive a replica of every checkpoint (``relayrl-peer://host:port/prefix``, ``s3://...``)."""
+    warmup: WarmupSection = WarmupSection()
 
     def check(self, pm: Any, path: str) -> None:
         if self.micro_batch_tokens <= 0:
             raise ConfigError(f"{path}.micro_batch_tokens: must be > 0")
-        if self.batch_groups <= 0:
-            raise ConfigError(f"{path}.batch_groups: must be > 0")
+        if self.steps < 0 or self.warmup.steps < 0:
+            raise ConfigError(f"{path}.steps: must be >= 0")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(f"{path}.checkpoint_keep: must be at least 1")
         from relayrl.core.errors import PluginError
         from relayrl.core.plugins import lookup
 

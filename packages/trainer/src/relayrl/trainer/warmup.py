@@ -14,19 +14,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from relayrl.core.config import Section
+from relayrl.trainer.config import WarmupSection
 
 __all__ = ["WarmupSection", "supervised_warmup"]
-
-
-class WarmupSection(Section, kw_only=True):
-    """``[trainer.warmup]``: supervised steps on demonstrations before RL (0 steps: none)."""
-
-    steps: int = 0
-    batch_size: int = 128
-    lr: float = 3e-3
-    ramp: float = 0.1
-    """Fraction of the steps over which the learning rate ramps up linearly from 0."""
 
 
 def supervised_warmup(model: torch.nn.Module, examples: Sequence[tuple[Sequence[int], Sequence[int]]],

@@ -197,6 +197,13 @@ async def _serve(args: argparse.Namespace) -> None:
         # Keeps the weights current from the bus while serving (bootstrap, deltas, snapshots).
         controller, stop_controller, _ = start_controller(engine, open_store(args.bus), prefix=args.weights_prefix,
                                                           poll_interval_s=args.poll_interval)
+        if args.wait_for_weights:
+            # Serve nothing from the directory's weights: READY only once a published version is applied.
+            deadline = time.monotonic() + args.wait_for_weights
+            while engine.served_version <= args.version:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"no weight version applied from {args.bus} within {args.wait_for_weights} s")
+                await asyncio.sleep(0.05)
     runner = web.AppRunner(build_app(engine, tokenizer=tokenizer, model_name=args.model))
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
@@ -227,6 +234,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bus", default=None, help="store URL to follow for weight updates (relayrl-weight-sync)")
     parser.add_argument("--weights-prefix", default="weights")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between manifest polls")
+    parser.add_argument("--wait-for-weights", type=float, default=0.0, metavar="SECONDS",
+                        help="with --bus: apply a published version (newer than --version) before serving")
     asyncio.run(_serve(parser.parse_args(argv)))
 
 

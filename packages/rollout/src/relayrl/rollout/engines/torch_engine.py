@@ -75,6 +75,8 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
         self.cache_generation = 0
         """Bumped by :meth:`reset_cache`; caches built under an older generation are never reused."""
         self.steps = 0
+        self.weight_updates = 0
+        """Weight versions applied in place since the engine started."""
         self._worker = threading.Thread(target=self._work, name=f"{self.engine_id}-worker", daemon=True)
         self._worker.start()
 
@@ -230,12 +232,15 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
                                      f"update has {tuple(source.shape)}")
                 target.copy_(source)
         self._version = version
+        self.weight_updates += 1
         self.reset_cache()
 
     def set_served_version(self, version: int) -> None:
         """Record the version now served, after weights were written by someone else (while paused)."""
         if not self.paused:
             raise RuntimeError(f"engine {self.engine_id}: pause() before set_served_version()")
+        if version != self._version:
+            self.weight_updates += 1
         self._version = version
 
     def reset_cache(self) -> None:
@@ -250,5 +255,5 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
 
     async def health(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "version": self._version, "waiting": len(self._waiting),
-                "steps": self.steps, "alive": self._worker.is_alive(), "paused": self.paused}
+                "steps": self.steps, "weight_updates": self.weight_updates, "alive": self._worker.is_alive(), "paused": self.paused}
 

@@ -1,0 +1,262 @@
+"""Start, supervise and stop the processes of one run.
+
+Order: the trainer first (it builds the model directory, runs the warm-up or recovers a checkpoint,
+and publishes the weights the fleet starts from); then the engine servers, each of which applies
+that published version before it reports ``READY``; then the rollout process over the engines'
+URLs. Every child runs in its own session (a terminal's Ctrl-C reaches only the launcher, which then
+stops the children in order) and logs to ``<run_dir>/logs/<name>.log``; on Linux a child also gets
+SIGTERM if the launcher itself dies, so a killed launcher leaves no orphans.
+
+Supervision: an engine that dies is restarted on the same port and bootstraps its weights from the
+store (the router sees it down, then healthy again); a dead rollout process is restarted (its
+producer continues its segment sequence); a trainer that dies abnormally is restarted and resumes
+from its newest complete checkpoint. Each role has ``[rollout] max_restarts`` restarts. The run ends
+when the trainer exits cleanly (``[trainer] steps`` reached, or stopped).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+from relayrl.cli.run.events import write_event
+from relayrl.cli.run.layout import RunLayout
+from relayrl.core.config import Config
+from relayrl.core.errors import RelayrlError
+
+__all__ = ["Child", "Launcher", "RunFailed"]
+
+
+class RunFailed(RelayrlError):
+    """A process of the run could not start, or kept dying."""
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM when the launcher dies, even by SIGKILL (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: children then outlive a killed launcher
+        pass
+
+
+class Child:
+    """One supervised process with its log file."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, *, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.env = env
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self._log: IO[bytes] | None = None
+
+    def start(self, *, capture_stdout: bool = False) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
+        self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE if capture_stdout else self._log,
+                                        stderr=self._log, stdin=subprocess.DEVNULL, env=self.env,
+                                        start_new_session=True, preexec_fn=_die_with_parent)
+
+    def read_ready(self, timeout_s: float, on_wait: Callable[[], None] = lambda: None) -> int:
+        """Wait for the child's ``READY <port>`` line; copy the rest of its stdout to the log."""
+        assert self.process is not None and self.process.stdout is not None
+        lines: list[bytes] = []
+        reader = threading.Thread(target=lambda: lines.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        deadline = time.monotonic() + timeout_s
+        while reader.is_alive():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RunFailed(f"{self.name} did not start (see {self.log_path}): "
+                                f"{'exited with ' + str(self.process.returncode) if self.process.poll() is not None else 'timed out'}")
+            on_wait()
+            reader.join(0.2)
+        line = lines[0].decode().strip() if lines else ""
+        if not line.startswith("READY "):
+            raise RunFailed(f"{self.name} printed {line!r} instead of READY (see {self.log_path})")
+        stdout, log = self.process.stdout, self._log
+        threading.Thread(target=lambda: [log.write(chunk) for chunk in iter(lambda: stdout.read1(65536), b"")],  # type: ignore[union-attr]
+                         daemon=True).start()
+        return int(line.split()[1])
+
+    def poll(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def terminate(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
+
+    def wait(self, timeout_s: float) -> None:
+        if self.process is None:
+            return
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        if self._log is not None:
+            self._log.close()
+
+
+class Launcher:
+    """Runs one ``relayrl run`` (see the module docstring)."""
+
+    def __init__(self, layout: RunLayout, config: Config, *, on_tick: Callable[[], None] = lambda: None,
+                 python: str = sys.executable) -> None:
+        self.layout = layout
+        self.config = config
+        self.on_tick = on_tick
+        self.python = python
+        self.stopping = threading.Event()
+        self.trainer: Child | None = None
+        self.engines: list[Child] = []
+        self.engine_ports: list[int] = []
+        self.rollout: Child | None = None
+        self._pids: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ processes
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        return env
+
+    def _trainer_child(self) -> Child:
+        return Child("trainer", [self.python, "-m", "relayrl.cli.run.trainer_process", str(self.layout.root)],
+                     self.layout.logs / "trainer.log", env=self._env())
+
+    def _engine_child(self, index: int, port: int = 0) -> Child:
+        section = self.config.rollout
+        argv = [self.python, "-m", "relayrl.rollout.engines.http", "--model", str(self.layout.model_path(self.config)),
+                "--port", str(port), "--engine-id", f"engine-{index}", "--threads", str(section.engine_threads),
+                "--max-batch", str(section.max_batch), "--seed", str(self.config.run.seed + index),
+                "--bus", self.layout.bus_url(self.config), "--weights-prefix", self.config.weight_sync.prefix,
+                "--poll-interval", str(self.config.weight_sync.poll_interval_s),
+                "--wait-for-weights", str(section.start_timeout_s)]
+        return Child(f"engine-{index}", argv, self.layout.logs / f"engine-{index}.log", env=self._env())
+
+    def _rollout_child(self) -> Child:
+        urls = [f"http://127.0.0.1:{port}" for port in self.engine_ports]
+        return Child("rollout", [self.python, "-m", "relayrl.cli.run.rollout_process", str(self.layout.root), *urls],
+                     self.layout.logs / "rollout.log", env=self._env())
+
+    def _start_engine(self, index: int, port: int = 0) -> tuple[Child, int]:
+        child = self._engine_child(index, port)
+        child.start(capture_stdout=True)
+        return child, child.read_ready(self.config.rollout.start_timeout_s, self._tick)
+
+    def _tick(self) -> None:
+        if self.stopping.is_set():
+            raise KeyboardInterrupt
+        self._write_pids()
+        self.on_tick()
+
+    def _write_pids(self) -> None:
+        """``status/launcher.json``: the pid of every live child (for operators, and the fault tests)."""
+        children = [self.trainer, *self.engines, self.rollout]
+        pids = {child.name: child.process.pid for child in children
+                if child is not None and child.process is not None and child.poll() is None}
+        if pids != self._pids:
+            self._pids = pids
+            self.layout.write_status("launcher", {"pid": os.getpid(), "children": pids})
+
+    def _wait_for_first_weights(self) -> None:
+        assert self.trainer is not None
+        bus = self.layout.bus(self.config)
+        deadline = time.monotonic() + max(self.config.rollout.start_timeout_s, 3600.0)  # includes the warm-up
+        key = f"{self.config.weight_sync.prefix.strip('/')}/latest"
+        while not bus.exists(key):
+            if self.trainer.poll() is not None:
+                raise RunFailed(f"the trainer exited with {self.trainer.poll()} before publishing weights "
+                                f"(see {self.trainer.log_path})")
+            if time.monotonic() > deadline:
+                raise RunFailed("the trainer published no weights in time")
+            self._tick()
+            time.sleep(0.2)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> int:
+        """Start everything, supervise until the trainer finishes; return the trainer's exit status."""
+        write_event(self.layout, "launcher", "started", f"run started in {self.layout.root}")
+        for name in ("rollout", "launcher"):  # a previous launch's views would be read as current
+            (self.layout.status / f"{name}.json").unlink(missing_ok=True)
+        try:
+            self.trainer = self._trainer_child()
+            self.trainer.start()
+            self._wait_for_first_weights()
+            for index in range(self.config.rollout.engines):
+                child, port = self._start_engine(index)
+                self.engines.append(child)
+                self.engine_ports.append(port)
+            self.rollout = self._rollout_child()
+            self.rollout.start()
+            return self._supervise()
+        except KeyboardInterrupt:
+            write_event(self.layout, "launcher", "stopped", "stopped by the user")
+            return 130
+        finally:
+            self.shutdown()
+
+    def _supervise(self) -> int:
+        assert self.trainer is not None and self.rollout is not None
+        limit = self.config.rollout.max_restarts
+        while True:
+            self._tick()
+            status = self.trainer.poll()
+            if status == 0:
+                write_event(self.layout, "launcher", "finished", "the trainer finished")
+                return 0
+            if status is not None:
+                self.trainer = self._restart(self.trainer, limit, self._trainer_child)
+            for index, engine in enumerate(self.engines):
+                if engine.poll() is not None:
+                    self.engines[index] = self._restart(engine, limit, lambda i=index: self._revive_engine(i))
+            if self.rollout.poll() is not None:
+                self.rollout = self._restart(self.rollout, limit, self._rollout_child)
+            time.sleep(0.5)
+
+    def _revive_engine(self, index: int) -> Child:
+        child, _ = self._start_engine(index, self.engine_ports[index])  # same port: the router finds it again
+        return child
+
+    def _restart(self, child: Child, limit: int, make: Callable[[], Child]) -> Child:
+        status = child.poll()
+        if child.restarts >= limit:
+            raise RunFailed(f"{child.name} died (exit {status}) after {child.restarts} restarts; see {child.log_path}")
+        write_event(self.layout, "launcher", "restart", f"{child.name} died (exit {status}); restarting",
+                    level="warning", data={"process": child.name, "exit": status, "restarts": child.restarts + 1})
+        child.wait(0)
+        fresh = make()
+        if fresh.process is None:
+            fresh.start()
+        fresh.restarts = child.restarts + 1
+        return fresh
+
+    def shutdown(self) -> None:
+        """Stop the fleet first (nothing new is generated), then the trainer (it checkpoints and exits)."""
+        children: list[Any] = [self.rollout, *self.engines]
+        for child in children:
+            if child is not None:
+                child.terminate()
+        for child in children:
+            if child is not None:
+                child.wait(30)
+        if self.trainer is not None:
+            self.trainer.terminate()
+            self.trainer.wait(120)
+
+    def stop(self) -> None:
+        """Ask the run to stop (from a signal handler)."""
+        self.stopping.set()

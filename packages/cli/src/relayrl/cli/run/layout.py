@@ -1,0 +1,71 @@
+"""Where the parts of a run live, and how every process of the run loads its config and store."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from relayrl.core.config import Config, load_config
+from relayrl.core.store import Store, open_store
+
+__all__ = ["RunLayout"]
+
+
+class RunLayout:
+    """Paths of one run directory.
+
+    ``config.json`` is the resolved config (file plus ``--set`` overrides) that every process of
+    the run reads, so a resumed run trains exactly what was started. The bus (rollout segments,
+    weight versions, trainer progress) is ``[store] url`` when set, else the run directory itself;
+    checkpoints always go to the run directory (node-local disk), replicated to any peers.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.root = Path(run_dir).resolve()
+        self.config_path = self.root / "config.json"
+        self.model_dir = self.root / "model"
+        self.logs = self.root / "logs"
+        self.status = self.root / "status"
+        self._local: Store | None = None
+
+    def create(self, raw_config: dict[str, Any]) -> None:
+        for path in (self.root, self.logs, self.status):
+            path.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(json.dumps(raw_config, indent=2, sort_keys=True) + "\n")
+
+    def exists(self) -> bool:
+        return self.config_path.exists()
+
+    def load_config(self, *, overrides: list[str] | tuple[str, ...] = (), pm: Any = None) -> Config:
+        return load_config(json.loads(self.config_path.read_text()), overrides=overrides, pm=pm)
+
+    def bus_url(self, config: Config) -> str:
+        return config.store.url or str(self.root)
+
+    def bus(self, config: Config) -> Store:
+        return open_store(self.bus_url(config), **dict(config.store.options))
+
+    def checkpoint_store(self) -> Store:
+        """The run directory as a store: checkpoints and events."""
+        if self._local is None:
+            self._local = open_store(str(self.root))
+        return self._local
+
+    def model_path(self, config: Config) -> Path:
+        return Path(config.model.path).expanduser() if config.model.path else self.model_dir
+
+    def write_status(self, name: str, data: dict[str, Any]) -> None:
+        """Atomically replace ``status/<name>.json`` (a process's own view, read by the launcher and trainer)."""
+        self.status.mkdir(parents=True, exist_ok=True)
+        path = self.status / f"{name}.json"
+        partial = path.with_suffix(".json.partial")
+        partial.write_text(json.dumps(data, sort_keys=True))
+        partial.replace(path)
+
+    def read_status(self, name: str) -> dict[str, Any]:
+        try:
+            return json.loads((self.status / f"{name}.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return {}

@@ -1,0 +1,258 @@
+"""The trainer process of ``relayrl run``: ``python -m relayrl.cli.run.trainer_process RUN_DIR``.
+
+Start-up: materialise the model directory; recover the newest complete checkpoint (relayrl-fault-
+tolerance), or else run the supervised warm-up; publish the current weights so that engines can
+bootstrap (a fresh publisher's first version is a full snapshot); write ``progress``.
+
+Each step:
+
+1. take the next batch of complete groups from the buffer (at the trainer's policy version, which
+   the staleness admission compares with the version of every token);
+2. one optimiser step (the trainer backend: replay over kept-sets, advantages, IS correction, loss);
+3. publish the weights every ``publish_every_steps`` steps, numbered by the trainer's version, so
+   token versions and trainer versions share one scale;
+4. health monitors over the step's metrics and texts; alarms become events;
+5. checkpoint (model, optimiser, RNG, buffer cursor, monitor state, groups consumed) in the
+   background; append the step's metrics; write ``progress`` (the fleet's back-pressure signal).
+
+SIGTERM or SIGINT ends the run after the current step, with its checkpoint written.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import msgspec
+import torch
+
+from relayrl.algo.config import build_monitors
+from relayrl.algo.determinism import enable_determinism, rng_state, seed_everything, set_rng_state
+from relayrl.buffer import Buffer
+from relayrl.cli.run.events import write_event
+from relayrl.cli.run.layout import RunLayout
+from relayrl.core.config import Config
+from relayrl.core.plugins import get_plugin_manager, lookup
+from relayrl.core.store import open_store
+from relayrl.fault_tolerance.checkpoint import AsyncCheckpointer
+from relayrl.fault_tolerance.recovery import recover
+from relayrl.rollout.config import build_environment
+from relayrl.rollout.manager import read_fleet_counters, write_progress
+from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
+from relayrl.trainer.metrics import MetricsWriter
+from relayrl.trainer.warmup import supervised_warmup
+from relayrl.weight_sync import Publisher
+
+__all__ = ["TrainerProcess", "main"]
+
+
+class TrainerProcess:
+    """The trainer side of a run (see the module docstring)."""
+
+    def __init__(self, layout: RunLayout, config: Config, *, pm: Any = None) -> None:
+        self.layout = layout
+        self.config = config
+        self.pm = pm
+        self.stop = threading.Event()
+        self.bus = layout.bus(config)
+        self.consumed: Counter[str] = Counter()
+        self.step = 0
+        self._fleet_totals: Counter[str] = Counter()
+        self._fleet_reward: float | None = None
+        self._drained: Counter[str] = Counter()
+
+    # ------------------------------------------------------------------ start-up
+    def _build(self) -> None:
+        config = self.config
+        if config.run.deterministic:
+            enable_determinism(config.run.seed, num_threads=config.trainer.threads or None)
+        else:
+            seed_everything(config.run.seed)
+            if config.trainer.threads:
+                torch.set_num_threads(config.trainer.threads)
+        self.environment = build_environment(config.rollout, sandbox=config.sandbox, pm=self.pm)
+        model_dir = materialize_model(config.model, self.layout.model_dir,
+                                      alphabet=getattr(self.environment, "alphabet", None), seed=config.run.seed)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.chat = make_chat_format(config.model, self.tokenizer)
+        self.model = load_model(model_dir, dtype=config.model.dtype)
+        self.buffer = Buffer(self.bus, config.buffer, pm=self.pm)
+        self.monitors = build_monitors(config.algo, pm=self.pm)
+        peers = [open_store(url) for url in config.trainer.checkpoint_peers]
+        self.checkpointer = AsyncCheckpointer(self.layout.checkpoint_store(), peers=peers,
+                                              keep=config.trainer.checkpoint_keep)
+        self.metrics = MetricsWriter(self.layout.root)
+
+    def _new_trainer(self, version: int) -> Any:
+        factory = lookup(self.pm, "relayrl_trainer_backends", self.config.trainer.backend, kind="trainer backend").factory
+        return factory(self.model, algo=self.config.algo, config=self.config.trainer, version=version, pm=self.pm)
+
+    def _warmup(self) -> None:
+        section = self.config.trainer.warmup
+        if section.steps <= 0:
+            return
+        demonstration = getattr(self.environment, "demonstration", None)
+        if demonstration is None:
+            raise SystemExit(f"trainer.warmup.steps = {section.steps}, but environment "
+                             f"{self.config.rollout.environment!r} has no demonstrations")
+        end = self.chat.stop_token_ids()
+        examples = [(self.chat.render("user", task.instruction) + self.chat.assistant_prefix(),
+                     self.chat.tokenizer.encode(demonstration(task)) + end[:1]) for task in self.environment.tasks()]
+        started = time.monotonic()
+
+        def progress(step: int, loss: float) -> None:
+            self.layout.write_status("trainer", {"phase": "warmup", "step": step + 1, "steps": section.steps,
+                                                 "loss": loss})
+
+        losses = supervised_warmup(self.model, examples, section, seed=self.config.run.seed,
+                                   pad_token_id=getattr(self.tokenizer, "pad_token_id", 0) or 0, on_step=progress)
+        write_event(self.layout, "trainer", "warmup", f"supervised warm-up: {section.steps} steps, loss "
+                    f"{losses[0]:.3f} -> {losses[-1]:.3f} in {time.monotonic() - started:.1f} s",
+                    data={"steps": section.steps, "first_loss": losses[0], "last_loss": losses[-1]})
+
+    def _restore_or_start(self) -> None:
+        recovered = recover(self.checkpointer.local, self.checkpointer.peers)
+        if recovered is None:
+            self._warmup()
+            # Version 1 is the model the fleet starts from (after the warm-up); RL steps count on from it.
+            self.trainer = self._new_trainer(version=1)
+            return
+        state = recovered.state
+        self.trainer = self._new_trainer(version=int(state["trainer"]["version"]))
+        self.trainer.load_state_dict(state["trainer"])
+        self.buffer.restore(state["buffer"])
+        self.monitors.restore(state["monitors"])
+        set_rng_state(state["rng"])
+        self.consumed = Counter(state["consumed"])
+        self.step = int(state["step"])
+        write_event(self.layout, "trainer", "resumed", f"resumed from the checkpoint of step {self.step} "
+                    f"({recovered.source})", data={"step": self.step})
+
+    def _publish_initial(self) -> None:
+        self.publisher = Publisher.from_config(self.bus, self.config.weight_sync)
+        # Versions newer than this checkpoint may exist (published after it): continue above them.
+        self.trainer.version = max(self.trainer.version, self.publisher.next_version)
+        self.publisher.publish(self.trainer.model.state_dict(), step=self.step, version=self.trainer.version).result()
+        write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
+
+    # ------------------------------------------------------------------ the loop
+    def run(self) -> int:
+        self._build()
+        self.layout.write_status("trainer", {"phase": "starting"})
+        self._restore_or_start()
+        self._publish_initial()
+        total = self.config.trainer.steps
+        self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": total})
+        try:
+            while not self.stop.is_set() and (total == 0 or self.step < total):
+                batch = self.buffer.wait_for_batch(self.trainer.version, timeout_s=0.5)
+                if batch is None:
+                    self._resolve_drops()
+                    continue
+                self._train_on(batch)
+        finally:
+            self._close()
+        finished = total and self.step >= total
+        self.layout.write_status("trainer", {"phase": "finished" if finished else "stopped", "step": self.step,
+                                             "steps": total})
+        return 0
+
+    def _resolve_drops(self) -> None:
+        """No batch yet: settle groups that will never be trained (too stale), so the fleet, held back
+        by its lead over the consumed count, produces fresh ones instead of waiting for us."""
+        drops = self.buffer.resolve_drops(self.trainer.version)
+        for drop in drops:
+            self.consumed[drop.ref.producer_id] += 1
+            self._drained[drop.reason] += 1
+        if drops:
+            write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
+
+    def _train_on(self, batch: Any) -> None:
+        started = time.monotonic()
+        groups = [item.group for item in batch.groups]
+        for ref in [item.ref for item in batch.groups] + [item.ref for item in batch.dropped]:
+            self.consumed[ref.producer_id] += 1
+        metrics = self.trainer.step(groups)
+        self.step += 1
+        metrics.update(batch.metrics.as_dict())
+        for reason, count in self._drained.items():  # dropped while waiting for this batch
+            name = f"buffer/dropped/{reason}"
+            metrics[name] = metrics.get(name, 0.0) + count
+        self._drained.clear()
+        metrics.update(self._fleet_metrics())
+        if self.step % self.config.weight_sync.publish_every_steps == 0:
+            self.publisher.publish(self.trainer.model.state_dict(), step=self.step, version=self.trainer.version)
+        report = self.publisher.last_report
+        if report is not None:
+            metrics.update({"weight_sync/publish_s": report.copy_s + report.encode_s + report.upload_s + report.commit_s,
+                            "weight_sync/copy_s": report.copy_s, "weight_sync/delta_ratio": report.ratio,
+                            "weight_sync/version": float(report.version)})
+        metrics.update(_prefixed(self.layout.read_status("rollout").get("metrics", {})))
+        texts = [turn.text or "" for group in groups for trajectory in group.trajectories
+                 for segment in trajectory.segments for turn in segment.turns if turn.role == "assistant"]
+        added, alarms = self.monitors.observe(self.step, metrics, texts)
+        metrics.update(added)
+        for alarm in alarms:
+            write_event(self.layout, "trainer", "alarm", alarm.message, level="warning",
+                        data={"step": self.step, "monitor": alarm.monitor, "metric": alarm.metric, "value": alarm.value})
+        saved = self.checkpointer.save(self.step, {
+            "step": self.step, "trainer": self.trainer.state_dict(), "buffer": msgspec.to_builtins(batch.state),
+            "monitors": self.monitors.state(), "rng": rng_state(), "consumed": dict(self.consumed)})
+        metrics["checkpoint/blocking_s"] = saved.blocking_s
+        metrics["trainer/wall_step_s"] = time.monotonic() - started
+        self.metrics.write(self.step, metrics)
+        write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
+        self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": self.config.trainer.steps,
+                                             "version": self.trainer.version, "alarms": [a.message for a in alarms]})
+
+    def _fleet_metrics(self) -> dict[str, float]:
+        """The fleet's mean reward over every group graded since the previous step, trained on or not.
+
+        ``reward/mean`` covers only the batch, which the zero-variance filter biases towards mixed
+        groups; this is the policy's actual success rate, the number to judge learning by.
+        """
+        totals: Counter[str] = Counter()
+        for counters in read_fleet_counters(self.bus).values():
+            totals.update({name: float(value) for name, value in counters.items()})
+        previous, self._fleet_totals = self._fleet_totals, totals
+        if totals["reward_count"] < previous["reward_count"]:
+            previous = Counter()  # a producer restarted: its counters began again from zero
+        count = totals["reward_count"] - previous["reward_count"]
+        metrics = {"fleet/groups_graded_total": totals["graded_groups"],
+                   "fleet/zero_variance_fraction": totals["skipped_groups"] / max(totals["graded_groups"], 1.0)}
+        if count > 0:
+            self._fleet_reward = (totals["reward_sum"] - previous["reward_sum"]) / count
+        if self._fleet_reward is not None:
+            metrics["reward/fleet_mean"] = self._fleet_reward
+        return metrics
+
+    def _close(self) -> None:
+        for close in (self.checkpointer.close, getattr(getattr(self, "publisher", None), "close", None),
+                      self.metrics.close, self.buffer.close):
+            if close is not None:
+                close()
+
+
+def _prefixed(metrics: dict[str, Any]) -> dict[str, float]:
+    return {name: float(value) for name, value in metrics.items() if isinstance(value, (int, float))}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m relayrl.cli.run.trainer_process RUN_DIR", file=sys.stderr)
+        return 2
+    pm = get_plugin_manager()
+    layout = RunLayout(argv[0])
+    process = TrainerProcess(layout, layout.load_config(pm=pm), pm=pm)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: process.stop.set())
+    return process.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

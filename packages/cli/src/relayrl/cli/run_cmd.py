@@ -1,0 +1,95 @@
+"""``relayrl run CONFIG`` / ``relayrl run --resume RUN_DIR``: one asynchronous RL run on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+from pathlib import Path
+from typing import Any
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "run", help="start (or resume) an asynchronous RL run: engines, rollout manager and trainer",
+        description="Validates CONFIG, then starts the trainer, the engine servers and the rollout manager as "
+                    "local processes talking through the run directory (or [store] url), supervises them and "
+                    "shows progress. Ctrl-C stops everything cleanly; --resume continues a stopped run.")
+    parser.add_argument("config", metavar="CONFIG", nargs="?", help="TOML run config (not with --resume)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its newest checkpoint")
+    parser.add_argument("--run-dir", metavar="DIR", help="where the run lives (default runs/<run.name>)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
+                        help="override a config value (repeatable; parsed as TOML)")
+    parser.add_argument("--steps", type=int, default=None, help="shorthand for --set trainer.steps=N")
+    parser.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    parser.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from relayrl.cli.run.display import Display
+    from relayrl.cli.run.launcher import Launcher
+    from relayrl.cli.run.layout import RunLayout
+    from relayrl.core.config import ConfigError, load_config
+    from relayrl.core.plugins import get_plugin_manager
+
+    overrides = list(args.overrides) + ([f"trainer.steps={args.steps}"] if args.steps is not None else [])
+    pm = get_plugin_manager()
+    if args.resume:
+        if args.config:
+            raise ConfigError("give either CONFIG or --resume RUN_DIR (a resumed run keeps its own config)")
+        layout = RunLayout(args.resume)
+        if not layout.exists():
+            raise ConfigError(f"--resume {args.resume}: not a run directory (no config.json)")
+        config = layout.load_config(overrides=overrides, pm=pm)
+    else:
+        if not args.config:
+            raise ConfigError("relayrl run needs CONFIG (or --resume RUN_DIR)")
+        config = load_config(args.config, overrides=overrides, pm=pm)
+        layout = RunLayout(args.run_dir or Path("runs") / config.run.name)
+        if layout.exists():
+            raise ConfigError(f"{layout.root} already holds a run: continue it with --resume {layout.root}, "
+                              "or choose another --run-dir")
+    _preflight(config, pm)
+    layout.create(config.raw)
+
+    display = Display(layout, total_steps=config.trainer.steps)
+    launcher = Launcher(layout, config, on_tick=display.tick)
+    previous = {signum: signal.signal(signum, lambda *_: launcher.stop()) for signum in (signal.SIGINT, signal.SIGTERM)}
+    print(f"run directory: {layout.root}  (logs in {layout.logs})", flush=True)
+    try:
+        status = launcher.run()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        display.close()
+    if status == 0 and not args.no_report:
+        _report(layout.root)
+    if status == 130:
+        print(f"stopped; continue with: relayrl run --resume {layout.root}")
+    return status
+
+
+def _preflight(config: Any, pm: Any) -> None:
+    """Fail before anything starts: no model, or a sandbox this host cannot provide."""
+    from relayrl.core.config import ConfigError
+
+    if not config.model.configured:
+        raise ConfigError("model: set model.path (a model directory) or model.init (a fresh model's options)")
+    if config.rollout.environment in ("countdown", "code"):
+        from relayrl.sandbox import open_backend
+
+        open_backend(section=config.sandbox, pm=pm).capabilities()
+
+
+def _report(run_dir: Path) -> None:
+    try:
+        from relayrl.cli.report import write_report
+    except ImportError:
+        return
+    try:
+        report = write_report(run_dir, None)
+    except ImportError as exc:  # matplotlib not installed
+        print(f"report skipped ({exc}); pip install 'relayrl[report]'")
+        return
+    print(f"report: {report.html_path}")
+    for key, value in report.summary.items():
+        print(f"  {key.replace('_', ' ')}: {value}")

@@ -1,0 +1,108 @@
+"""``relayrl run`` end to end: the quickstart pipeline, short, with an engine killed, Ctrl-C, and --resume.
+
+This is the CI version of the quickstart (examples/quickstart.toml with a few steps): it asserts
+that the whole pipeline ran (engines applied weight updates, staleness was recorded, answers were
+graded in the sandbox, checkpoints resumed the run), never how fast or how well it learned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from relayrl.cli.report import load_events
+from relayrl.trainer.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[3]
+QUICKSTART = ROOT / "examples" / "quickstart.toml"
+# A few warm-up steps leave the model unable to solve anything, so every group would have zero
+# variance and be skipped: train on them anyway (zero advantages), the pipeline is what is tested.
+SHORT = ["--set", "trainer.warmup.steps=5", "--set", "rollout.environment_options.tasks=2000",
+         "--set", "buffer.batch_groups=4", "--set", "rollout.skip_zero_variance=false",
+         "--set", "buffer.admission=['staleness']"]
+
+
+def relayrl(*args: str, **kwargs) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "relayrl.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env, **kwargs)
+
+
+def wait_for(condition, timeout_s: float, what: str, process: subprocess.Popen | None = None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if process is not None and process.poll() is not None:
+            pytest.fail(f"relayrl run exited ({process.returncode}) while waiting for {what}:\n{process.stdout.read()}")
+        time.sleep(0.5)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_a_bad_config_fails_before_anything_starts(tmp_path):
+    run = relayrl("run", str(QUICKSTART), "--run-dir", str(tmp_path / "run"), "--set", "rollout.enviroment='countdown'")
+    output, _ = run.communicate(timeout=120)
+    assert run.returncode == 2
+    assert "rollout.enviroment: unknown key; did you mean environment" in output
+    assert not (tmp_path / "run").exists()
+
+
+def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    run = relayrl("run", str(QUICKSTART), "--run-dir", str(run_dir), "--steps", "12", *SHORT)
+    try:
+        wait_for(lambda: len(read_metrics(run_dir)) >= 3, 400, "three trainer steps", run)
+        children = json.loads((run_dir / "status" / "launcher.json").read_text())["children"]
+        os.kill(children["engine-0"], signal.SIGKILL)
+        wait_for(lambda: any(event.kind == "restart" for event in load_events(run_dir)), 120, "the engine restart", run)
+        steps_at_restart = len(read_metrics(run_dir))
+        wait_for(lambda: len(read_metrics(run_dir)) >= steps_at_restart + 2, 300, "steps after the restart", run)
+        run.send_signal(signal.SIGINT)  # Ctrl-C
+        output, _ = run.communicate(timeout=180)
+    finally:
+        if run.poll() is None:
+            run.kill()  # its children get SIGTERM from the kernel (they die with the launcher)
+    assert run.returncode == 130, output
+    assert f"relayrl run --resume {run_dir}" in output
+    assert not any(alive(pid) for pid in children.values())
+    stopped_at = len(read_metrics(run_dir))
+    assert 5 <= stopped_at < 12
+
+    resumed = relayrl("run", "--resume", str(run_dir))
+    output, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, output
+
+    records = read_metrics(run_dir)
+    assert [record["step"] for record in records] == list(range(1, 13))
+    events = load_events(run_dir)
+    kinds = [event.kind for event in events]
+    assert "warmup" in kinds and "restart" in kinds and kinds.count("resumed") == 1
+    resumed_event = next(event for event in events if event.kind == "resumed")
+    assert resumed_event.data["step"] >= stopped_at - 1  # the checkpoint of the last step or the one before
+    last = records[-1]["metrics"]
+    # Engines applied the trainer's weight updates in place (read from their /health every second).
+    assert max(record["metrics"].get("fleet/engine_weight_updates", 0) for record in records) >= 2
+    assert max(record["metrics"].get("fleet/engine_version_min", 0) for record in records) >= 2
+    # Staleness was measured (the fleet runs ahead of the trainer) and answers were graded in the sandbox.
+    assert any(name.startswith("staleness/hist/") for record in records for name in record["metrics"])
+    assert last["sandbox/calls"] > 0 and last["sandbox/graded_answers"] > 0
+    assert 0.0 <= last["reward/fleet_mean"] <= 1.0 and last["entropy/token_mean"] > 0
+    assert last["weight_sync/delta_ratio"] > 1  # deltas, not full copies
+    report = run_dir / "report"
+    assert (report / "report.html").exists() and len(list(report.glob("*.png"))) >= 4

@@ -1,0 +1,121 @@
+"""The ``[rollout]`` and ``[model]`` config sections: the fleet a run starts, and the model it trains."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from relayrl.core.config import ConfigError, Section
+
+__all__ = ["ModelSection", "RolloutSection", "build_environment", "build_harness"]
+
+
+class ModelSection(Section, kw_only=True):
+    """``[model]``: the policy's weights, tokenizer and chat format."""
+
+    path: str = ""
+    """A local Hugging Face model directory (config + safetensors [+ tokenizer]); empty builds a fresh one."""
+    init: dict[str, Any] = {}
+    """``transformers.LlamaConfig`` options of a freshly built model (``vocab_size`` comes from the tokenizer)."""
+    tokenizer: Literal["auto", "char"] = "auto"
+    """``auto``: the model directory's tokenizer; ``char``: a character tokenizer over the environment's alphabet."""
+    chat_format: Literal["auto", "raw", "plain", "template"] = "auto"
+    """``raw``: content only (completion tasks); ``plain``: role markers; ``template``: the tokenizer's chat
+    template; ``auto``: template when the tokenizer has one, else plain."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+    @property
+    def configured(self) -> bool:
+        """Whether the section names a model at all (``relayrl run`` requires it)."""
+        return bool(self.path or self.init)
+
+    def check(self, pm: Any, path: str) -> None:
+        if self.path and self.init:
+            raise ConfigError(f"{path}: set either path or init, not both")
+        if self.init and self.tokenizer == "auto":
+            raise ConfigError(f"{path}.tokenizer: a fresh model (init) needs tokenizer = \"char\"")
+
+
+class RolloutSection(Section, kw_only=True):
+    """``[rollout]``: engines, router, harness and environment of the rollout fleet."""
+
+    environment: str = "countdown"
+    """Environment (``relayrl_rollout_environments``): tasks, tools and grading."""
+    environment_options: dict[str, Any] = {}
+    harness: str = "single-turn"
+    """Agent harness (``relayrl_rollout_harnesses``)."""
+    harness_options: dict[str, Any] = {}
+    engine: str = "torch"
+    """Engine backend of the engine processes (``relayrl_rollout_engines``)."""
+    engines: int = 1
+    """Engine processes to start."""
+    engine_threads: int = 1
+    """torch threads per engine process."""
+    max_batch: int = 128
+    """Requests an engine decodes together."""
+    router: str = "least-loaded"
+    """Router over the engines (``relayrl_rollout_routers``)."""
+    group_size: int = 8
+    """Samples per prompt (G): the group whose rewards give the advantages."""
+    max_concurrent_groups: int = 16
+    max_ahead_groups: int = 32
+    """Groups the fleet may run ahead of the trainer (back-pressure; see relayrl.rollout.manager)."""
+    skip_zero_variance: bool = True
+    """Do not commit groups whose samples all earned the same reward (no signal); they are still counted."""
+    producer_id: str = "rollout-0"
+    max_restarts: int = 5
+    """Restarts of a dead engine or rollout process before the run gives up."""
+    start_timeout_s: float = 300.0
+
+    def check(self, pm: Any, path: str) -> None:
+        from relayrl.core.errors import PluginError
+        from relayrl.core.plugins import lookup
+
+        for key, hook, kind in (("environment", "relayrl_rollout_environments", "environment"),
+                                ("harness", "relayrl_rollout_harnesses", "harness"),
+                                ("engine", "relayrl_rollout_engines", "engine"),
+                                ("router", "relayrl_rollout_routers", "router")):
+            try:
+                lookup(pm, hook, getattr(self, key), kind=kind)
+            except PluginError as exc:
+                raise ConfigError(f"{path}.{key}: {exc}") from None
+        for key in ("engines", "engine_threads", "max_batch", "group_size", "max_concurrent_groups", "max_ahead_groups"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{path}.{key}: must be at least 1")
+        if self.group_size < 2:
+            raise ConfigError(f"{path}.group_size: group advantages need at least 2 samples per prompt")
+        _options(pm, "relayrl_rollout_environments", self.environment, self.environment_options,
+                 f"{path}.environment_options")
+        _options(pm, "relayrl_rollout_harnesses", self.harness, self.harness_options, f"{path}.harness_options")
+
+
+def _options(pm: Any, hook: str, name: str, options: dict[str, Any], path: str) -> Any:
+    """``options`` decoded into the ``Config`` section of plugin ``name`` (errors name the key)."""
+    from relayrl.core.config import convert
+    from relayrl.core.plugins import lookup
+
+    factory = lookup(pm, hook, name, kind="plugin").factory
+    config_type = getattr(factory, "Config", None)
+    if config_type is None:
+        if options:
+            raise ConfigError(f"{path}: {name!r} takes no options")
+        return None
+    return convert(dict(options), config_type, path=path)
+
+
+def build_environment(rollout: RolloutSection, *, sandbox: Any = None, pm: Any = None) -> Any:
+    """The environment ``[rollout] environment`` names, configured by ``environment_options``."""
+    from relayrl.core.plugins import lookup
+
+    factory = lookup(pm, "relayrl_rollout_environments", rollout.environment, kind="environment").factory
+    config = _options(pm, "relayrl_rollout_environments", rollout.environment, rollout.environment_options,
+                      "rollout.environment_options")
+    return factory(config, sandbox=sandbox, pm=pm)
+
+
+def build_harness(rollout: RolloutSection, *, pm: Any = None) -> Any:
+    """The agent harness ``[rollout] harness`` names, configured by ``harness_options``."""
+    from relayrl.core.plugins import lookup
+
+    factory = lookup(pm, "relayrl_rollout_harnesses", rollout.harness, kind="harness").factory
+    config = _options(pm, "relayrl_rollout_harnesses", rollout.harness, rollout.harness_options, "rollout.harness_options")
+    return factory(config) if config is not None else factory()
