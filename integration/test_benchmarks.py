@@ -71,3 +71,20 @@ def test_sandbox_benchmark_quick_mode_runs_every_available_backend_against_the_b
     out = run_quick("sandbox.py")
     assert "bare subprocess (baseline)" in out and "process (" in out
     assert "grading 4 answers with process" in out
+
+
+def test_trainer_step_benchmark_quick_mode_checks_the_losses_agree():
+    out = run_quick("trainer_step.py")
+    assert "hand-written torch (baseline)" in out and "framework overhead" in out
+    assert "max gradient difference" in out
+
+
+def test_replay_ablation_quick_mode_runs_all_three_variants():
+    out = run_quick("replay_ablation.py")
+    assert all(f"\n{name} |" in out for name in ("replay", "naive", "plain"))
+    assert "mismatch KL" in out
+
+
+def test_async_vs_sync_quick_mode_runs_both_pipelines():
+    out = run_quick("async_vs_sync.py")
+    assert "synchronous |" in out and "asynchronous |" in out and "asynchronous / synchronous" in out

@@ -110,6 +110,29 @@ def test_zero_variance_groups_produce_no_gradient():
     assert all(p.grad is None or torch.count_nonzero(p.grad) == 0 for p in model.parameters())
 
 
+def test_group_weights_scale_that_groups_gradient():
+    model = tiny_llama(seed=5)
+    groups = generate_groups(copy.deepcopy(model), groups=2)
+
+    def gradients(weights):
+        trainer = TorchTrainer(copy.deepcopy(model), algo=algo())
+        trainer.accumulate_gradients(groups, weights=weights)
+        return [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+
+    def only(index):
+        trainer = TorchTrainer(copy.deepcopy(model), algo=algo())
+        trainer.accumulate_gradients(groups, weights=[float(i == index) for i in range(2)])
+        return [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+
+    full, first, second = gradients(None), only(0), only(1)
+    half = gradients([1.0, 0.5])  # the second group down-weighted (stale): its push halves
+    for g, a, b, h in zip(full, first, second, half):
+        torch.testing.assert_close(a + b, g, rtol=1e-4, atol=1e-7)
+        torch.testing.assert_close(a + 0.5 * b, h, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="1 weights for 2 groups"):
+        TorchTrainer(copy.deepcopy(model), algo=algo()).accumulate_gradients(groups, weights=[1.0])
+
+
 def test_staleness_is_measured_against_the_trainer_version():
     model = tiny_llama(seed=4)
     groups = generate_groups(copy.deepcopy(model), groups=1, version=3)

@@ -99,10 +99,10 @@ class DeepSpeedTrainer:
     def zero_stage(self) -> int:
         return self.ds_section.zero_stage
 
-    def accumulate_gradients(self, groups: Sequence[Group]) -> dict[str, float]:
+    def accumulate_gradients(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
         """Forward and backward over this rank's share of ``groups``; gradients reduced at the boundary."""
         self.engine.train()
-        prepared = self.objective.prepare(groups, self.version)
+        prepared = self.objective.prepare(groups, self.version, weights=weights)
         parts = split_by_token_budget(prepared.batch, self.config.micro_batch_tokens)
         mine = parts[self.rank::self.world]
         passes = -(-len(parts) // self.world)  # every rank runs the same number of passes
@@ -119,10 +119,10 @@ class DeepSpeedTrainer:
         return self.objective.metrics(prepared.batch, prepared.advantage_metrics, prepared.staleness,
                                       self._all_reduce(sums))
 
-    def step(self, groups: Sequence[Group]) -> dict[str, float]:
-        """One optimiser step over ``groups`` (every rank passes the same groups)."""
+    def step(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
+        """One optimiser step over ``groups`` (every rank passes the same groups and weights)."""
         started = time.perf_counter()
-        metrics = self.accumulate_gradients(groups)
+        metrics = self.accumulate_gradients(groups, weights=weights)
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         if norm is not None:

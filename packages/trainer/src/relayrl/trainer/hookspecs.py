@@ -12,7 +12,8 @@ from relayrl.core.plugins import Registration, hookspec
 def relayrl_trainer_backends() -> Iterable[Registration[Any]]:
     """Trainer backends, selected by ``[trainer] backend``.
 
-    ``factory(model, *, algo, config, version)`` returns a trainer with ``step(groups) -> metrics``
+    ``factory(model, *, algo, config, version)`` returns a trainer with ``step(groups, *, weights=None)
+    -> metrics`` (``weights``: one per group, scaling its advantages)
     (one optimiser step over a batch of scored groups), ``accumulate_gradients(groups)``,
     ``version`` (the policy version of its weights), ``model`` and ``optimizer``. A sharded backend
     (DeepSpeed ZeRO) also yields its parameters tensor by tensor for publishing, gathering shards

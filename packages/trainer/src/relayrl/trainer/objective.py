@@ -53,11 +53,20 @@ class BatchObjective:
         self.temperature = algo.sampling.temperature
         self.entropy_coef = entropy_coef
 
-    def prepare(self, groups: Sequence[Group], version: int) -> PreparedBatch:
-        """Lay ``groups`` out and compute advantages, staleness and the global denominator."""
+    def prepare(self, groups: Sequence[Group], version: int, *, weights: Sequence[float] | None = None) -> PreparedBatch:
+        """Lay ``groups`` out and compute advantages, staleness and the global denominator.
+
+        ``weights`` (one per group, e.g. the buffer's down-weighting of stale groups) scale the
+        advantages of every trajectory of their group, so a half-weight group pushes half as hard.
+        """
         batch = build_sequences(groups)
         advantage = self.advantage(batch.rewards(), batch.group_ids)
-        return PreparedBatch(batch=batch, sequence_advantages=advantage.advantages[batch.sequence_trajectory],
+        advantages = advantage.advantages
+        if weights is not None:
+            if len(weights) != len(groups):
+                raise ValueError(f"{len(weights)} weights for {len(groups)} groups")
+            advantages = advantages * torch.tensor(list(weights), dtype=advantages.dtype)[batch.group_ids]
+        return PreparedBatch(batch=batch, sequence_advantages=advantages[batch.sequence_trajectory],
                              staleness=batch.staleness(version), denominator=self.denominator(batch),
                              advantage_metrics=advantage.metrics)
 

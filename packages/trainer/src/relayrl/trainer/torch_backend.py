@@ -47,10 +47,10 @@ class TorchTrainer:
         self.optimizer, self.optimizer_report = build_optimizer(model, self.algo.optimizer)
         self.objective = BatchObjective(self.algo, entropy_coef=self.config.entropy_coef, pm=pm)
 
-    def step(self, groups: Sequence[Group]) -> dict[str, float]:
-        """Train on ``groups`` (one optimiser step); return this step's metrics."""
+    def step(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
+        """Train on ``groups`` (one optimiser step; ``weights`` scale each group's advantages); return metrics."""
         started = time.perf_counter()
-        metrics = self.accumulate_gradients(groups)
+        metrics = self.accumulate_gradients(groups, weights=weights)
         metrics.update(self.apply_gradients())
         elapsed = time.perf_counter() - started
         metrics["trainer/step_s"] = elapsed
@@ -77,10 +77,10 @@ class TorchTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
 
-    def accumulate_gradients(self, groups: Sequence[Group]) -> dict[str, float]:
+    def accumulate_gradients(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
         """Forward and backward over ``groups`` into ``.grad`` (no optimiser step); return metrics."""
         self.model.train()
-        prepared = self.objective.prepare(groups, self.version)
+        prepared = self.objective.prepare(groups, self.version, weights=weights)
         sums: Counter[str] = Counter()
         for rows, micro in split_by_token_budget(prepared.batch, self.config.micro_batch_tokens):
             logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits

@@ -17,6 +17,7 @@ when the trainer exits cleanly (``[trainer] steps`` reached, or stopped).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -142,7 +143,8 @@ class Launcher:
         argv = [self.python, "-m", "relayrl.rollout.engines.http", "--model", str(self.layout.model_path(self.config)),
                 "--port", str(port), "--engine-id", f"engine-{index}", "--threads", str(section.engine_threads),
                 "--max-batch", str(section.max_batch), "--seed", str(self.config.run.seed + index),
-                "--bus", self.layout.bus_url(self.config), "--weights-prefix", self.config.weight_sync.prefix,
+                "--bus", self.layout.bus_url(self.config), "--bus-options", json.dumps(dict(self.config.store.options)),
+                "--weights-prefix", self.config.weight_sync.prefix,
                 "--poll-interval", str(self.config.weight_sync.poll_interval_s),
                 "--wait-for-weights", str(section.start_timeout_s)]
         return Child(f"engine-{index}", argv, self.layout.logs / f"engine-{index}.log", env=self._env())

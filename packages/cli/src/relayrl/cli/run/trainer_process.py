@@ -176,7 +176,8 @@ class TrainerProcess:
         groups = [item.group for item in batch.groups]
         for ref in [item.ref for item in batch.groups] + [item.ref for item in batch.dropped]:
             self.consumed[ref.producer_id] += 1
-        metrics = self.trainer.step(groups)
+        weights = [item.weight for item in batch.groups]  # < 1 for groups the buffer down-weighted (stale)
+        metrics = self.trainer.step(groups, weights=None if all(w == 1.0 for w in weights) else weights)
         self.step += 1
         metrics.update(batch.metrics.as_dict())
         for reason, count in self._drained.items():  # dropped while waiting for this batch

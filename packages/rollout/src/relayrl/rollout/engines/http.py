@@ -195,7 +195,8 @@ async def _serve(args: argparse.Namespace) -> None:
         from relayrl.rollout.weights import start_controller
 
         # Keeps the weights current from the bus while serving (bootstrap, deltas, snapshots).
-        controller, stop_controller, _ = start_controller(engine, open_store(args.bus), prefix=args.weights_prefix,
+        store = open_store(args.bus, **json.loads(args.bus_options))
+        controller, stop_controller, _ = start_controller(engine, store, prefix=args.weights_prefix,
                                                           poll_interval_s=args.poll_interval)
         if args.wait_for_weights:
             # Serve nothing from the directory's weights: READY only once a published version is applied.
@@ -232,6 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--bus", default=None, help="store URL to follow for weight updates (relayrl-weight-sync)")
+    parser.add_argument("--bus-options", default="{}", metavar="JSON",
+                        help="store backend options for --bus, e.g. '{\"endpoint_url\": \"http://...\"}'")
     parser.add_argument("--weights-prefix", default="weights")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between manifest polls")
     parser.add_argument("--wait-for-weights", type=float, default=0.0, metavar="SECONDS",
