@@ -29,6 +29,7 @@ from relayrl.algo.optim import partition_parameters
 from relayrl.core.wire import Group
 from relayrl.trainer.batch import split_by_token_budget
 from relayrl.trainer.config import TrainerSection
+from relayrl.trainer.distributed import all_reduce_metric_sums
 from relayrl.trainer.objective import BatchObjective
 from relayrl_deepspeed.config import DeepSpeedSection
 
@@ -117,7 +118,7 @@ class DeepSpeedTrainer:
                                              prepared.staleness[rows], prepared.denominator, sums if real else Counter())
             self.engine.backward(loss * (self.world if real else 0.0), scale_wrt_gas=False)
         return self.objective.metrics(prepared.batch, prepared.advantage_metrics, prepared.staleness,
-                                      self._all_reduce(sums))
+                                      all_reduce_metric_sums(sums))
 
     def step(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
         """One optimiser step over ``groups`` (every rank passes the same groups and weights)."""
@@ -134,24 +135,6 @@ class DeepSpeedTrainer:
         metrics["trainer/version"] = float(self.version)
         metrics["trainer/world_size"] = float(self.world)
         return metrics
-
-    def _all_reduce(self, sums: Counter[str]) -> Counter[str]:
-        """Sum (or min/max) the per-rank metric sums over ranks; every rank gets the totals."""
-        names = sorted(sums)
-        gathered: list[list[str]] = [[] for _ in range(self.world)]
-        dist.all_gather_object(gathered, names)
-        names = sorted(set().union(*gathered))
-        reduced: Counter[str] = Counter()
-        for op, selected in ((dist.ReduceOp.SUM, [n for n in names if not n.endswith(("_min", "_max"))]),
-                             (dist.ReduceOp.MIN, [n for n in names if n.endswith("_min")]),
-                             (dist.ReduceOp.MAX, [n for n in names if n.endswith("_max")])):
-            if not selected:
-                continue
-            neutral = {dist.ReduceOp.SUM: 0.0, dist.ReduceOp.MIN: float("inf"), dist.ReduceOp.MAX: float("-inf")}[op]
-            values = torch.tensor([float(sums.get(name, neutral)) for name in selected], dtype=torch.float64)
-            dist.all_reduce(values, op=op)
-            reduced.update(dict(zip(selected, values.tolist())))
-        return reduced
 
     def named_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every parameter, whole, on CPU, one at a time (all ranks must iterate together).

@@ -33,3 +33,10 @@ def relayrl_core_stores():
 def relayrl_fault_tolerance_checkpoint_stores():
     yield Registration("local", _local_store, "a directory on this node's disk")
     yield Registration("peer-http", _peer_store, "a peer node's PeerServer (relayrl-peer://host:port/prefix)")
+
+
+@hookimpl
+def relayrl_fault_tolerance_membership():
+    from relayrl.fault_tolerance.membership import StoreMembership
+
+    yield Registration("store", StoreMembership, "heartbeats and generation views as objects in a relayrl store")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -77,13 +77,24 @@ class TorchTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
 
-    def accumulate_gradients(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
-        """Forward and backward over ``groups`` into ``.grad`` (no optimiser step); return metrics."""
+    def accumulate_gradients(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None,
+                             shard: tuple[int, int] = (0, 1),
+                             reduce_sums: Callable[[Counter[str]], Counter[str]] | None = None) -> dict[str, float]:
+        """Forward and backward over ``groups`` into ``.grad`` (no optimiser step); return metrics.
+
+        Data parallelism: with ``shard=(rank, world)`` this replica runs every ``world``-th
+        micro-batch from ``rank``; advantages and the loss's denominator still come from the whole
+        batch, so the replicas' gradients *sum* to the whole batch's (all-reduce them), and
+        ``reduce_sums`` (an all-reduce of the metric sums) makes the metrics the whole batch's.
+        """
         self.model.train()
         prepared = self.objective.prepare(groups, self.version, weights=weights)
         sums: Counter[str] = Counter()
-        for rows, micro in split_by_token_budget(prepared.batch, self.config.micro_batch_tokens):
+        rank, world = shard
+        for rows, micro in split_by_token_budget(prepared.batch, self.config.micro_batch_tokens)[rank::world]:
             logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
             self.objective.micro_loss(logits, micro, prepared.sequence_advantages[rows], prepared.staleness[rows],
                                       prepared.denominator, sums).backward()
+        if reduce_sums is not None:
+            sums = reduce_sums(sums)
         return self.objective.metrics(prepared.batch, prepared.advantage_metrics, prepared.staleness, sums)

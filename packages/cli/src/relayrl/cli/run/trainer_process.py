@@ -12,7 +12,8 @@ Each step:
 3. publish the weights every ``publish_every_steps`` steps, numbered by the trainer's version, so
    token versions and trainer versions share one scale;
 4. health monitors over the step's metrics and texts; alarms become events;
-5. checkpoint (model, optimiser, RNG, buffer cursor, monitor state, groups consumed) in the
+5. append the step's line to the ledger (groups trained and dropped: see :mod:`.ledger`);
+   checkpoint (model, optimiser, RNG, buffer cursor, monitor state, groups consumed) in the
    background; append the step's metrics; write ``progress`` (the fleet's back-pressure signal).
 
 SIGTERM or SIGINT ends the run after the current step, with its checkpoint written.
@@ -35,6 +36,7 @@ from relayrl.algo.determinism import enable_determinism, rng_state, seed_everyth
 from relayrl.buffer import Buffer
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
+from relayrl.cli.run.ledger import LedgerWriter
 from relayrl.core.config import Config
 from relayrl.core.plugins import get_plugin_manager, lookup
 from relayrl.core.store import open_store
@@ -64,6 +66,7 @@ class TrainerProcess:
         self._fleet_totals: Counter[str] = Counter()
         self._fleet_reward: float | None = None
         self._drained: Counter[str] = Counter()
+        self._drained_refs: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------------ start-up
     def _build(self) -> None:
@@ -86,6 +89,7 @@ class TrainerProcess:
         self.checkpointer = AsyncCheckpointer(self.layout.checkpoint_store(), peers=peers,
                                               keep=config.trainer.checkpoint_keep)
         self.metrics = MetricsWriter(self.layout.root)
+        self.ledger = LedgerWriter(self.layout.root)
 
     def _new_trainer(self, version: int) -> Any:
         factory = lookup(self.pm, "relayrl_trainer_backends", self.config.trainer.backend, kind="trainer backend").factory
@@ -168,6 +172,7 @@ class TrainerProcess:
         for drop in drops:
             self.consumed[drop.ref.producer_id] += 1
             self._drained[drop.reason] += 1
+            self._drained_refs.append((str(drop.ref), drop.reason))
         if drops:
             write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
 
@@ -200,6 +205,10 @@ class TrainerProcess:
         for alarm in alarms:
             write_event(self.layout, "trainer", "alarm", alarm.message, level="warning",
                         data={"step": self.step, "monitor": alarm.monitor, "metric": alarm.metric, "value": alarm.value})
+        # The ledger line of this step lists what its checkpoint's buffer cursor resolves since the previous one.
+        self.ledger.write(self.step, [str(item.ref) for item in batch.groups],
+                          self._drained_refs + [(str(item.ref), item.reason) for item in batch.dropped])
+        self._drained_refs = []
         saved = self.checkpointer.save(self.step, {
             "step": self.step, "trainer": self.trainer.state_dict(), "buffer": msgspec.to_builtins(batch.state),
             "monitors": self.monitors.state(), "rng": rng_state(), "consumed": dict(self.consumed)})
@@ -233,7 +242,7 @@ class TrainerProcess:
 
     def _close(self) -> None:
         for close in (self.checkpointer.close, getattr(getattr(self, "publisher", None), "close", None),
-                      self.metrics.close, self.buffer.close):
+                      self.metrics.close, self.ledger.close, self.buffer.close):
             if close is not None:
                 close()
 

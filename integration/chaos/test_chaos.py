@@ -1,0 +1,73 @@
+"""Chaos: the quickstart while its trainer, engine and rollout manager are SIGKILLed, then an audit.
+
+The run must reach its last step (the launcher restarts whatever dies: the trainer resumes from its
+newest checkpoint, the engine bootstraps its weights from the bus, the rollout manager continues its
+segment sequence) and, read back from the bus, the ledger and the final checkpoint, every committed
+group the trainer consumed was trained on exactly once or dropped by a policy with its reason
+(relayrl.cli.run.ledger.verify_run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from relayrl.cli.report import load_events
+from relayrl.cli.run.ledger import verify_run
+from relayrl.trainer.metrics import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 30
+# Short and fast: a tiny warm-up cannot solve anything, so zero-variance groups are trained on
+# (zero advantage) instead of skipped; a small staleness bound makes the buffer drop groups too.
+SHORT = ["--set", "trainer.warmup.steps=5", "--set", "rollout.environment_options.tasks=2000",
+         "--set", "buffer.batch_groups=4", "--set", "rollout.skip_zero_variance=false",
+         "--set", "buffer.admission=['staleness']", "--set", "buffer.staleness.max_staleness=1",
+         "--set", "rollout.max_restarts=20"]
+# Which process dies when the trainer has completed how many steps (each victim at least once).
+KILLS = [(4, "trainer"), (8, "engine-0"), (12, "rollout"), (16, "trainer"), (20, "engine-0"), (23, "rollout"),
+         (25, "trainer")]
+
+
+def test_quickstart_under_random_kills_consumes_every_group_exactly_once(tmp_path):
+    run_dir = tmp_path / "run"
+    rng = random.Random(11)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    run = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "run", str(ROOT / "examples/quickstart.toml"),
+                            "--run-dir", str(run_dir), "--steps", str(STEPS), "--no-report", *SHORT],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    killed = []
+    try:
+        deadline = time.monotonic() + 1500
+        pending = list(KILLS)
+        while pending and run.poll() is None and time.monotonic() < deadline:
+            at, victim = pending[0]
+            if len(read_metrics(run_dir)) >= at:
+                time.sleep(rng.uniform(0.0, 0.6))  # anywhere in the step: mid-forward, mid-checkpoint-write ...
+                children = json.loads((run_dir / "status" / "launcher.json").read_text())["children"]
+                if victim in children:
+                    os.kill(children[victim], signal.SIGKILL)
+                    killed.append(victim)
+                    pending.pop(0)
+            time.sleep(0.2)
+        output, _ = run.communicate(timeout=max(60.0, deadline - time.monotonic()))
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, output[-5000:]
+    assert sorted(set(killed)) == ["engine-0", "rollout", "trainer"] and len(killed) == len(KILLS), killed
+
+    restarts = [event for event in load_events(run_dir) if event.kind == "restart"]
+    assert len(restarts) == len(killed)
+    assert [record["step"] for record in read_metrics(run_dir)] == list(range(1, STEPS + 1))
+
+    check = verify_run(run_dir)
+    print(f"committed {check.committed}, trained {check.trained}, dropped {check.dropped}, pending {check.pending}")
+    assert check.ok, "\n".join(check.errors)
+    assert check.final_step == STEPS and check.trained >= STEPS * 4
