@@ -136,6 +136,47 @@ class DeepSpeedTrainer:
         metrics["trainer/world_size"] = float(self.world)
         return metrics
 
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's checkpoint shard: the files DeepSpeed writes for this rank, and the version.
+
+        ``engine.save_checkpoint`` into a private temporary directory gives exactly this rank's part
+        (its ZeRO partition of the optimiser state and, under ZeRO-3, of the parameters; rank 0 also
+        writes the module states): relayrl-fault-tolerance's checkpointer then stores it as the
+        rank's shard, commits it and replicates it to the rank's peer. Every rank must call it.
+        """
+        import tempfile
+        from pathlib import Path
+
+        with tempfile.TemporaryDirectory(prefix="relayrl-ds-save-") as directory:
+            self.engine.save_checkpoint(directory, tag="relayrl", save_latest=False)
+            files = {path.relative_to(directory).as_posix(): path.read_bytes()
+                     for path in sorted(Path(directory).rglob("*")) if path.is_file()}
+        return {"files": files, "version": self.version, "world_size": self.world}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from every rank's :meth:`state_dict` shard (every rank calls it with its own).
+
+        DeepSpeed reads all ranks' partition files from one directory (it assumes a shared file
+        system), so the shards are gathered into a private temporary directory on each rank first.
+        The world size must be the one that saved (re-partitioning is not supported here).
+        """
+        import tempfile
+        from pathlib import Path
+
+        if int(state["world_size"]) != self.world:
+            raise ValueError(f"checkpoint of {state['world_size']} ranks cannot load into {self.world}")
+        shards: list[Any] = [None] * self.world
+        dist.all_gather_object(shards, state["files"])
+        with tempfile.TemporaryDirectory(prefix="relayrl-ds-load-") as directory:
+            for files in shards:
+                for name, data in files.items():
+                    path = Path(directory) / name
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_bytes(data)
+            self.engine.load_checkpoint(directory, tag="relayrl", load_optimizer_states=True,
+                                        load_lr_scheduler_states=True)
+        self.version = int(state["version"])
+
     def named_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every parameter, whole, on CPU, one at a time (all ranks must iterate together).
 
