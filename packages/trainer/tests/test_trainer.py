@@ -133,6 +133,21 @@ def test_group_weights_scale_that_groups_gradient():
         TorchTrainer(copy.deepcopy(model), algo=algo()).accumulate_gradients(groups, weights=[1.0])
 
 
+def test_entropy_metric_is_estimated_on_a_strided_sample_of_positions():
+    model = tiny_llama(seed=6)
+    groups = generate_groups(copy.deepcopy(model), groups=2)
+
+    def entropy(**options):
+        trainer = TorchTrainer(copy.deepcopy(model), algo=algo(), config=TrainerSection(**options))
+        return trainer.accumulate_gradients(groups)["entropy/token_mean"]
+
+    every = entropy(entropy_metric_tokens=0)
+    assert entropy() == pytest.approx(every, rel=1e-6)  # fewer targets than the sample size: all of them
+    sampled = entropy(entropy_metric_tokens=8)
+    assert sampled != every and sampled == pytest.approx(every, rel=0.5)  # an estimate from 8 positions
+    assert entropy(entropy_coef=0.01, entropy_metric_tokens=8) == pytest.approx(every, rel=1e-5)  # the bonus sees all
+
+
 def test_staleness_is_measured_against_the_trainer_version():
     model = tiny_llama(seed=4)
     groups = generate_groups(copy.deepcopy(model), groups=1, version=3)

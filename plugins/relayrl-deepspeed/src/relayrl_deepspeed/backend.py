@@ -94,7 +94,8 @@ class DeepSpeedTrainer:
         self.engine, self.optimizer, _, _ = ds_lib.initialize(
             model=model, model_parameters=[p for p in model.parameters() if p.requires_grad], config=self.ds_config)
         self.model = self.engine.module
-        self.objective = BatchObjective(self.algo, entropy_coef=self.config.entropy_coef, pm=pm)
+        self.objective = BatchObjective(self.algo, entropy_coef=self.config.entropy_coef,
+                                        entropy_metric_tokens=self.config.entropy_metric_tokens, pm=pm)
 
     @property
     def zero_stage(self) -> int:

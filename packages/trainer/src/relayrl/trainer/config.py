@@ -30,6 +30,10 @@ class TrainerSection(Section, kw_only=True):
     """Max global gradient norm; 0 disables clipping."""
     entropy_coef: float = 0.0
     """Weight of an entropy bonus on the full next-token distribution at trained positions."""
+    entropy_metric_tokens: int = 2048
+    """Per micro-batch, the ``entropy/token_mean`` metric is estimated on at most this many evenly
+    strided target positions (a full-vocabulary softmax at every target cost ~20% of a step); 0: all.
+    With an entropy bonus the metric uses every position (the bonus computes it anyway)."""
     threads: int = 0
     """torch intra-op threads for the trainer process; 0 = torch's default."""
     steps: int = 0
@@ -41,6 +45,8 @@ class TrainerSection(Section, kw_only=True):
     warmup: WarmupSection = WarmupSection()
 
     def check(self, pm: Any, path: str) -> None:
+        if self.entropy_metric_tokens < 0:
+            raise ConfigError(f"{path}.entropy_metric_tokens: must be >= 0 (0: every position)")
         if self.micro_batch_tokens <= 0:
             raise ConfigError(f"{path}.micro_batch_tokens: must be > 0")
         if self.steps < 0 or self.warmup.steps < 0:

@@ -45,7 +45,8 @@ class TorchTrainer:
         self.config = config or TrainerSection()
         self.version = version
         self.optimizer, self.optimizer_report = build_optimizer(model, self.algo.optimizer)
-        self.objective = BatchObjective(self.algo, entropy_coef=self.config.entropy_coef, pm=pm)
+        self.objective = BatchObjective(self.algo, entropy_coef=self.config.entropy_coef,
+                                        entropy_metric_tokens=self.config.entropy_metric_tokens, pm=pm)
 
     def step(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
         """Train on ``groups`` (one optimiser step; ``weights`` scale each group's advantages); return metrics."""
