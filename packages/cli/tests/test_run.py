@@ -122,3 +122,11 @@ def test_the_same_run_with_the_bus_on_s3(tmp_path, s3_url):
     assert bus.list("rollouts/") and bus.exists("weights/latest") and bus.exists("progress")
     assert not (run_dir / "rollouts").exists() and not (run_dir / "weights").exists()  # nothing on the local disk
     assert (run_dir / "checkpoints").exists()  # checkpoints stay node-local
+
+
+@pytest.mark.parametrize("example", sorted(path.name for path in (ROOT / "examples").glob("*.toml")))
+def test_every_example_config_validates(example):
+    from relayrl.core.config import load_config
+
+    config = load_config(ROOT / "examples" / example)
+    assert config.model.configured and config.trainer.steps > 0
