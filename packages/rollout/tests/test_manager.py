@@ -114,6 +114,28 @@ def test_back_pressure_waits_for_the_trainer(tmp_path):
     assert read_progress(store)["consumed"] == {"rollout-1": 2}
 
 
+def test_a_fleet_held_back_commits_its_open_segment_so_the_trainer_can_catch_up(tmp_path):
+    # Segments of 4 groups, a lead of 2: without committing the partial segment while it waits, the
+    # fleet would hold 3 groups the trainer cannot see and both would wait forever.
+    store = open_store(str(tmp_path / "bus"))
+    manager = RolloutManager(scheduler=PromptScheduler([TaskSpec(task_id="t", instruction="q")], seed=0),
+                             harness=__import__("relayrl.rollout.agent", fromlist=["SingleTurn"]).SingleTurn(),
+                             proxy=TokenRecordingProxy(ScriptedEngine(["answer"] * 100, "unused")), chat=CHAT,
+                             sampling=SamplingParams(), grader=IndexGrader(),
+                             writer=SegmentWriter(store, "rollout-2", groups_per_segment=4), store=store,
+                             group_size=2, max_concurrent_groups=1, max_ahead_groups=2, progress_poll_s=0.01)
+
+    async def scenario():
+        runner = asyncio.create_task(manager.run())
+        await asyncio.sleep(0.5)
+        visible = Buffer(store).poll()  # what a trainer sees while the fleet waits
+        manager.stop()
+        await runner
+        return visible
+
+    assert asyncio.run(scenario()) == 3 == manager.committed_groups  # all three it holds, in a partial segment
+
+
 def test_code_task_in_real_sandboxes_graded_by_the_isolated_grader(tmp_path):
     """A shipped bug-fix task: one agent fixes the bug with the edit tool, one reads and gives up."""
     from relayrl.rollout.environments import SandboxEnvironment

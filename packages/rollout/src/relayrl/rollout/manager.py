@@ -8,7 +8,8 @@ scheduler the outcome (pass-rate curriculum), and commits the group through the 
 **Back-pressure.** The trainer writes ``progress`` on the bus after each step (the groups it has
 consumed from each producer). The manager starts no new group while it is more than
 ``max_ahead_groups`` groups ahead of the trainer, so a stalled trainer does not let the fleet fill
-the bus with rollouts that will be too stale to train on.
+the bus with rollouts that will be too stale to train on. While it waits it commits its open
+segment (a partial one), so that every group it counts as ahead is visible to the trainer.
 
 **Zero-variance groups.** A group whose samples all earned the same reward has zero advantage
 everywhere: no learning signal. With ``skip_zero_variance`` the manager does not commit it (early in
@@ -183,10 +184,17 @@ class RolloutManager:
         return int(progress.get("step", 0))
 
     def _ahead(self) -> int:
+        """Groups handed to the writer (committed or still in its open segment) the trainer has not consumed."""
         if self.store is None:
             return 0
         consumed = read_progress(self.store).get("consumed", {}).get(self.writer.producer_id, 0)
-        return self.committed_groups + self.writer.pending_groups - int(consumed)
+        return self.committed_groups - int(consumed)
+
+    async def _flush_open_segment(self) -> None:
+        """Commit the writer's open segment now: groups in it are invisible to the trainer."""
+        async with self._commit_lock:
+            if self.writer.pending_groups:
+                await asyncio.get_running_loop().run_in_executor(None, self.writer.flush)
 
     # ------------------------------------------------------------------ the loop
     async def run(self, *, max_groups: int | None = None, handle_signals: bool = False) -> None:
@@ -204,6 +212,9 @@ class RolloutManager:
             while not self._stopping.is_set() and (max_groups is None or started < max_groups):
                 await slots.acquire()
                 while self._ahead() > self.max_ahead_groups and not self._stopping.is_set():
+                    # Waiting for the trainer: it must be able to see every group we hold, or with a
+                    # lead limit smaller than a segment both sides would wait for each other.
+                    await self._flush_open_segment()
                     with contextlib.suppress(asyncio.TimeoutError):
                         await asyncio.wait_for(self._stopping.wait(), self.progress_poll_s)
                 if self._stopping.is_set():
