@@ -17,6 +17,7 @@ the character alphabet of its tokenizer, and a held-out evaluation set.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import json
 import random
@@ -33,12 +34,8 @@ ALPHABET = "0123456789+-*> :"
 
 OPERATORS = "+-*"
 
-# Runs inside the sandbox: reads [{"numbers": [...], "target": T, "answer": "..."}] on stdin, prints
-# one reward per answer. Kept free of eval(): answers are parsed, not executed.
-GRADE_SCRIPT = r"""
-import json, re, sys
-WELL_FORMED = re.compile(r"^[1-9](?:[+\-*][1-9])*$")
-def value(expression):
+def evaluate(expression: str) -> int:
+    """The value of a ``+ - *`` expression over single digits (task generation, and the sandboxed grader)."""
     total, sign, term, pending = 0, 1, 1, "*"
     for char in expression + "+":
         if char.isdigit():
@@ -49,30 +46,26 @@ def value(expression):
             total += sign * term
             sign, term, pending = (1 if char == "+" else -1), 1, "*"
     return total
+
+
+# Runs inside the sandbox: reads [{"numbers": [...], "target": T, "answer": "..."}] on stdin, prints
+# one reward per answer. Kept free of eval(): answers are parsed, not executed. The evaluator is
+# this module's own ``evaluate`` (its source is prepended), so host and sandbox cannot disagree.
+_GRADE_MAIN = r"""
+import json, re, sys
+WELL_FORMED = re.compile(r"^[1-9](?:[+\-*][1-9])*$")
 rewards = []
 for item in json.load(sys.stdin):
     answer = item["answer"].strip()
     ok = (bool(WELL_FORMED.match(answer))
           and sorted(int(c) for c in answer if c.isdigit()) == sorted(item["numbers"])
-          and value(answer) == item["target"])
+          and evaluate(answer) == item["target"])
     rewards.append(1.0 if ok else 0.0)
 print(json.dumps(rewards))
 """
 
 
-def evaluate(expression: str) -> int:
-    """The value of a ``+ - *`` expression over single digits (host-side, for task generation)."""
-    total, sign, term = 0, 1, 1
-    pending = "*"
-    for char in expression + "+":
-        if char.isdigit():
-            term = term * int(char) if pending == "*" else int(char)
-        elif char == "*":
-            pending = "*"
-        else:
-            total += sign * term
-            sign, term, pending = (1 if char == "+" else -1), 1, "*"
-    return total
+GRADE_SCRIPT = inspect.getsource(evaluate) + _GRADE_MAIN
 
 
 def score(numbers: Sequence[int], target: int, answer: str) -> float:
