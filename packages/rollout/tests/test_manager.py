@@ -12,7 +12,7 @@ from relayrl.buffer import Buffer, PromptScheduler, SegmentWriter
 from relayrl.core import codec, wire
 from relayrl.core.store import open_store
 from relayrl.core.wire import TaskSpec
-from relayrl.rollout.agent import AgentConfig, CodingAgent
+from relayrl.rollout.agent import AgentConfig, CodingAgent, SingleTurn
 from relayrl.rollout.manager import RolloutManager, read_progress, with_rewards, write_progress
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
@@ -119,7 +119,7 @@ def test_a_fleet_held_back_commits_its_open_segment_so_the_trainer_can_catch_up(
     # fleet would hold 3 groups the trainer cannot see and both would wait forever.
     store = open_store(str(tmp_path / "bus"))
     manager = RolloutManager(scheduler=PromptScheduler([TaskSpec(task_id="t", instruction="q")], seed=0),
-                             harness=__import__("relayrl.rollout.agent", fromlist=["SingleTurn"]).SingleTurn(),
+                             harness=SingleTurn(),
                              proxy=TokenRecordingProxy(ScriptedEngine(["answer"] * 100, "unused")), chat=CHAT,
                              sampling=SamplingParams(), grader=IndexGrader(),
                              writer=SegmentWriter(store, "rollout-2", groups_per_segment=4), store=store,
@@ -201,7 +201,6 @@ class ConstantGrader:
 
 
 def test_zero_variance_groups_are_counted_but_not_committed(tmp_path):
-    from relayrl.rollout.agent import SingleTurn
     from relayrl.rollout.manager import read_fleet_counters, write_fleet_counters
 
     store = open_store(str(tmp_path / "bus"))

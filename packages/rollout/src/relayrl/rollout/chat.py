@@ -130,7 +130,7 @@ class PlainChatFormat:
         return self.tokenizer.decode(list(tokens))
 
 
-class RawChatFormat:
+class RawChatFormat(PlainChatFormat):
     """Completion style, for small task-specific models: messages are their content, nothing more.
 
     ``render`` encodes the content alone (no role markers), the assistant prefix is empty and the
@@ -138,24 +138,11 @@ class RawChatFormat:
     therefore costs exactly its characters: the countdown quickstart uses it.
     """
 
-    def __init__(self, tokenizer: Tokenizer, *, end_token: str = "<|end|>") -> None:
-        self.tokenizer = tokenizer
-        end_ids = tokenizer.encode(end_token)
-        if len(end_ids) != 1:
-            raise ValueError(f"end token {end_token!r} must be one token for this tokenizer, got {end_ids}")
-        self._end_id = end_ids[0]
-
     def render(self, role: str, content: str) -> list[int]:
         return self.tokenizer.encode(content)
 
     def assistant_prefix(self) -> list[int]:
         return []
-
-    def stop_token_ids(self) -> list[int]:
-        return [self._end_id]
-
-    def decode(self, tokens: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(tokens))
 
 
 class TemplateChatFormat:
