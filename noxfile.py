@@ -13,10 +13,12 @@ to the CPU build on this machine kind).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import nox
@@ -97,6 +99,21 @@ def install_local(session: nox.Session, folder: Path, *extra_requirements: str) 
 # the grep tool. Installed when missing and the session runs as root (CI does); otherwise the tests
 # that need them skip and say why.
 SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep"}
+@contextlib.contextmanager
+def disposable_venv(session: nox.Session) -> Iterator[None]:
+    """Delete the session's virtualenv when it ends, if ``RELAYRL_DISPOSABLE_VENVS=1`` (CI sets it).
+
+    Most sessions install torch (about 1 GB each); kept, fifteen of them fill a small CI disk.
+    """
+    try:
+        yield
+    finally:
+        location = getattr(session.virtualenv, "location", None)
+        if os.environ.get("RELAYRL_DISPOSABLE_VENVS") == "1" and location and Path(location).is_dir():
+            shutil.rmtree(location, ignore_errors=True)
+            session.log(f"removed {location} (RELAYRL_DISPOSABLE_VENVS=1)")
+
+
 NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "cli", "integration"}
 
 
@@ -142,7 +159,8 @@ def lint(session: nox.Session) -> None:
 @nox.parametrize("package", _packages())
 def tests(session: nox.Session, package: str) -> None:
     """One package's own tests, with only that package and its dependencies installed."""
-    run_folder_tests(session, ROOT / "packages" / package)
+    with disposable_venv(session):
+        run_folder_tests(session, ROOT / "packages" / package)
 
 
 if _plugins():
@@ -150,13 +168,14 @@ if _plugins():
     @nox.parametrize("plugin", _plugins())
     def plugins(session: nox.Session, plugin: str) -> None:
         """One plugin's tests (its conformance suites), with the plugin installed as a user would."""
-        run_folder_tests(session, ROOT / "plugins" / plugin)
+        with disposable_venv(session):
+            run_folder_tests(session, ROOT / "plugins" / plugin)
 
 
 @nox.session(tags=["ci"])
 def template(session: nox.Session) -> None:
     """Render plugins/_template into a temporary folder, install it, run its tests: it cannot rot."""
-    with tempfile.TemporaryDirectory(prefix="relayrl-template-") as temp:
+    with disposable_venv(session), tempfile.TemporaryDirectory(prefix="relayrl-template-") as temp:
         rendered = Path(temp) / "relayrl-rendered"
         session.run("python", str(ROOT / "plugins/_template/render.py"), "rendered", str(rendered))
         cli = [str(path) for path in local_closure(ROOT / "packages/cli")]
@@ -170,6 +189,11 @@ def template(session: nox.Session) -> None:
 @nox.session(tags=["ci"])
 def integration(session: nox.Session) -> None:
     """Cross-package checks: layout rules, docs coverage of hookspecs, fresh installs, benchmark smoke runs."""
+    with disposable_venv(session):
+        _integration(session)
+
+
+def _integration(session: nox.Session) -> None:
     ensure_system_tools(session)
     ordered: list[Path] = []  # dependencies before dependents: pip resolves local paths in order
     for folder in _folders().values():

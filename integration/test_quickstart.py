@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import venv
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHORT = ["--steps", "3", "--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.tasks=500",
@@ -27,11 +30,18 @@ def readme_quickstart() -> list[str]:
     return [line for line in block.group(1).splitlines() if line.strip()]
 
 
-def test_the_readme_quickstart_installs_and_runs_in_a_fresh_environment(tmp_path):
+@pytest.fixture
+def env_dir(tmp_path):
+    """A fresh venv, deleted afterwards (it holds torch: pytest's kept temp folders would pile up GBs)."""
+    location = tmp_path / "venv"
+    venv.EnvBuilder(with_pip=True).create(location)
+    yield location
+    shutil.rmtree(location, ignore_errors=True)
+
+
+def test_the_readme_quickstart_installs_and_runs_in_a_fresh_environment(tmp_path, env_dir):
     install, run = readme_quickstart()
     assert install.startswith("python3 -m pip install") and run.startswith("relayrl run ")
-    env_dir = tmp_path / "venv"
-    venv.EnvBuilder(with_pip=True).create(env_dir)
     bin_dir = env_dir / "bin"
     subprocess.run([str(bin_dir / "python"), *shlex.split(install)[1:], "-q"], cwd=ROOT, check=True, timeout=1200)
 
