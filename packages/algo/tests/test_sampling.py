@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from relayrl.algo.sampling import KeptSets, full_entropy, replay_logprobs, sample_tokens
+from relayrl.algo.sampling import KeptSets, full_entropy, replay_logprobs, sample_tokens, truncate_logits
 
 
 def log_softmax_over(values: list[float], index: int, temperature: float = 1.0) -> float:
@@ -121,6 +121,28 @@ def test_replay_equals_sampler_logprobs(rows, vocab, temperature, top_p, top_k, 
             assert result.logprobs[row].item() == 0.0 and replayed[row].item() == 0.0
     limit = min(x for x in (top_k or vocab, max_kept or vocab, vocab))
     assert int(counts.max()) <= limit
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.integers(1, 8), vocab=st.integers(1, 60), temperature=st.floats(0.0, 3.0),
+       top_p=st.floats(0.05, 1.0), top_k=st.integers(0, 70), max_kept=st.none() | st.integers(1, 30),
+       scale=st.floats(0.1, 8.0), seed=st.integers(0, 2**31 - 1))
+def test_truncated_logits_keep_exactly_the_samplers_kept_set(rows, vocab, temperature, top_p, top_k, max_kept,
+                                                              scale, seed):
+    """An engine that samples softmax(truncate_logits(...)) at temperature 1 samples the same distribution."""
+    if 0 < temperature < 0.2:
+        temperature = 0.2
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(seed)) * scale
+    truncated = truncate_logits(logits, temperature=temperature, top_p=top_p, top_k=top_k, max_kept=max_kept)
+    result = sample_tokens(logits, temperature=temperature, top_p=top_p, top_k=top_k, max_kept=max_kept,
+                           generator=torch.Generator().manual_seed(seed))
+    logprobs = torch.log_softmax(truncated, dim=-1)
+    torch.testing.assert_close(logprobs.gather(1, result.tokens.unsqueeze(1)).squeeze(1), result.logprobs,
+                               rtol=0, atol=2e-5)
+    for row in range(rows):
+        finite = torch.isfinite(truncated[row]).nonzero().squeeze(1).tolist()
+        kept = result.kept.row(row) or list(range(vocab))  # an empty row is the full vocabulary
+        assert sorted(finite) == sorted(kept)
 
 
 def test_kept_entropy_and_full_entropy_by_hand():

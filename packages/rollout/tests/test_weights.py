@@ -15,7 +15,7 @@ from relayrl.rollout.protocol import GenerateRequest, SamplingParams
 from relayrl.rollout.testing import tiny_llama
 from relayrl.rollout.testing.engine_tests import recorded, replayed
 from relayrl.rollout.testing.servers import EngineServer
-from relayrl.rollout.weights import TorchEngineAdapter
+from relayrl.rollout.weights import ShadowAdapter, TorchEngineAdapter, adapter_for
 from relayrl.weight_sync import Controller, Publisher
 
 PROMPT = [1, 11, 22, 33]
@@ -54,6 +54,49 @@ def test_controller_updates_the_engine_in_place(tmp_path):
     assert set(span.token_versions()) == {2}
     torch.testing.assert_close(recorded(span), replayed(trainer_model, PROMPT, span), atol=2e-4, rtol=0)
     assert controller.poll_once() is None  # nothing newer
+    publisher.close()
+    controller.close()
+    asyncio.run(engine.close())
+
+
+class Repacking(TorchEngine):
+    """A torch engine that, like vLLM, only takes weights through apply_named_tensors (no raw tensors)."""
+
+    def __init__(self, model, **kwargs):
+        super().__init__(model, **kwargs)
+        self.pushed: list[tuple[list[str], int]] = []
+
+    def apply_named_tensors(self, tensors, version):
+        self.pushed.append((sorted(tensors), version))
+        super().apply_named_tensors(tensors, version)
+
+    def weight_sync_adapter(self):
+        shadow = {name: value.detach().clone() for name, value in self.model.state_dict().items()}
+        return ShadowAdapter(self, shadow)
+
+
+def test_shadow_adapter_applies_deltas_to_the_shadow_and_pushes_the_changed_tensors(tmp_path):
+    trainer_model = tiny_llama(seed=0)
+    engine = Repacking(copy.deepcopy(trainer_model), version=0)
+    adapter = adapter_for(engine)
+    assert isinstance(adapter, ShadowAdapter)
+    store = open_store(str(tmp_path / "bus"))
+    publisher = Publisher(store, background=False)
+    controller = Controller(store, adapter, reset_caches_on_apply=True)
+
+    publisher.publish(trainer_model.state_dict()).result()
+    assert controller.poll_once().route == "snapshot" and engine.served_version == 1
+    with torch.no_grad():  # only one tensor changes: only it is pushed
+        trainer_model.model.norm.weight.add_(0.5)
+    publisher.publish(trainer_model.state_dict()).result()
+    before = engine.cache_generation
+    assert controller.poll_once().route == "delta"
+    assert engine.pushed[-1] == (["model.norm.weight"], 2) and engine.served_version == 2
+    assert engine.cache_generation > before and not engine.paused
+    torch.testing.assert_close(engine.model.model.norm.weight, trainer_model.model.norm.weight, rtol=0, atol=0)
+    span = generate(engine)
+    assert set(span.token_versions()) == {2}
+    torch.testing.assert_close(recorded(span), replayed(trainer_model, PROMPT, span), atol=2e-4, rtol=0)
     publisher.close()
     controller.close()
     asyncio.run(engine.close())

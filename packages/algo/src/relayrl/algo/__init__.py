@@ -1,6 +1,7 @@
 """relayrl-algo: the mathematics of replay-aware asynchronous RL.
 
-* :mod:`relayrl.algo.sampling`: ``sample_tokens`` (kept-set capture) and ``replay_logprobs``;
+* :mod:`relayrl.algo.sampling`: ``sample_tokens`` (kept-set capture), ``truncate_logits`` (the same rule
+  for engines that sample with their own kernels) and ``replay_logprobs``;
 * :mod:`relayrl.algo.advantages`: GRPO, Dr.GRPO, RLOO;
 * :mod:`relayrl.algo.losses`: PPO-clip, GSPO, CISPO and aggregation modes;
 * :mod:`relayrl.algo.correction`: truncated / masked importance sampling and mismatch metrics;
@@ -18,7 +19,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "sample_tokens": "sampling", "replay_logprobs": "sampling", "full_entropy": "sampling",
+    "sample_tokens": "sampling", "truncate_logits": "sampling", "replay_logprobs": "sampling", "full_entropy": "sampling",
     "KeptSets": "sampling", "SampleResult": "sampling",
     "GRPO": "advantages", "DrGRPO": "advantages", "RLOO": "advantages", "AdvantageResult": "advantages",
     "PPOClip": "losses", "GSPO": "losses", "CISPO": "losses", "LossInputs": "losses", "LossOutput": "losses",

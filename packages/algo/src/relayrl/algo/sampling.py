@@ -36,7 +36,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["KeptSets", "SampleResult", "full_entropy", "replay_logprobs", "sample_tokens"]
+__all__ = ["KeptSets", "SampleResult", "full_entropy", "replay_logprobs", "sample_tokens", "truncate_logits"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,6 +118,80 @@ def _validate(temperature: float, top_p: float, top_k: int, max_kept: int | None
         raise ValueError(f"max_kept must be >= 1 or None, got {max_kept}")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Truncation:
+    """The kept-set rule applied to ``[rows, vocab]`` logits (see :func:`sample_tokens`)."""
+
+    cand_logits: torch.Tensor
+    """Temperature-scaled logits of the candidates, most likely first, ``[rows, candidates]``."""
+    cand_ids: torch.Tensor
+    probs: torch.Tensor
+    """Candidate probabilities under the top-k renormalised distribution."""
+    counts: torch.Tensor
+    """Kept-set size per row: the kept-set is the first ``counts[row]`` candidates."""
+    kept_mass: torch.Tensor
+    cap_binds: torch.Tensor
+    candidates: int
+
+
+def _truncate(logits: torch.Tensor, *, temperature: float, top_p: float, top_k: int,
+              max_kept: int | None) -> _Truncation:
+    rows, vocab = logits.shape
+    device = logits.device
+    scaled = logits.float() / temperature
+    k_limit = min(top_k, vocab) if top_k else vocab
+    candidates = min(k_limit, max_kept) if max_kept else k_limit
+    if candidates < vocab:
+        cand_logits, cand_ids = torch.topk(scaled, candidates, dim=-1)
+    else:
+        cand_logits, cand_ids = torch.sort(scaled, dim=-1, descending=True)
+    # Normaliser of the distribution top-p is measured on: the top-k set, or the whole vocabulary.
+    if k_limit < vocab:
+        top_k_logits = cand_logits if candidates == k_limit else torch.topk(scaled, k_limit, dim=-1).values
+        normaliser = torch.logsumexp(top_k_logits, dim=-1, keepdim=True)
+    else:
+        normaliser = torch.logsumexp(scaled, dim=-1, keepdim=True)
+    probs = (cand_logits - normaliser).exp()
+
+    cumulative = probs.cumsum(dim=-1)
+    if top_p < 1.0:
+        # Keep token i while the mass strictly before it is below top_p: a prefix by construction.
+        counts = ((cumulative - probs) < top_p).sum(dim=-1)
+    else:
+        counts = torch.full((rows,), candidates, dtype=torch.int64, device=device)
+    counts = counts.clamp(min=1)
+    kept_mass = cumulative.gather(1, (counts - 1).unsqueeze(1)).squeeze(1).clamp(max=1.0)
+
+    cap_binds = torch.zeros(rows, dtype=torch.bool, device=device)
+    if max_kept is not None and max_kept < k_limit:
+        reached = kept_mass >= top_p if top_p < 1.0 else torch.zeros_like(cap_binds)
+        cap_binds = (counts == candidates) & ~reached
+    return _Truncation(cand_logits, cand_ids, probs, counts, kept_mass, cap_binds, candidates)
+
+
+@torch.no_grad()
+def truncate_logits(logits: torch.Tensor, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                    max_kept: int | None = None) -> torch.Tensor:
+    """Temperature-scaled logits with ``-inf`` outside each row's kept-set, float32 ``[rows, vocab]``.
+
+    The kept-set is exactly :func:`sample_tokens`' (same rule, same ties), so sampling from
+    ``softmax(truncate_logits(...))`` is sampling from the same truncated, renormalised
+    distribution, and ``log_softmax`` of the result gives the same logprobs. Inference engines that
+    sample with their own kernels (the vLLM plugin's logits processor) truncate with this, then
+    sample at temperature 1 with no further truncation. ``temperature=0`` keeps only the argmax.
+    """
+    _validate(temperature, top_p, top_k, max_kept)
+    if logits.dim() != 2:
+        raise ValueError(f"logits must be [rows, vocab], got shape {tuple(logits.shape)}")
+    masked = torch.full(logits.shape, float("-inf"), dtype=torch.float32, device=logits.device)
+    if temperature == 0:
+        return masked.scatter_(1, logits.argmax(dim=-1, keepdim=True), 0.0)
+    truncation = _truncate(logits, temperature=temperature, top_p=top_p, top_k=top_k, max_kept=max_kept)
+    in_kept = torch.arange(truncation.candidates, device=logits.device).unsqueeze(0) < truncation.counts.unsqueeze(1)
+    kept_logits = truncation.cand_logits.masked_fill(~in_kept, float("-inf"))
+    return masked.scatter_(1, truncation.cand_ids, kept_logits)
+
+
 @torch.no_grad()
 def sample_tokens(logits: torch.Tensor, *, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                   max_kept: int | None = None,
@@ -147,35 +221,10 @@ def sample_tokens(logits: torch.Tensor, *, temperature: float = 1.0, top_p: floa
         offsets = torch.arange(rows + 1, dtype=torch.int64, device=device)
         return SampleResult(tokens, zeros, KeptSets(offsets, tokens.clone()), torch.ones_like(zeros), zeros)
 
-    scaled = logits.float() / temperature
-    k_limit = min(top_k, vocab) if top_k else vocab
-    candidates = min(k_limit, max_kept) if max_kept else k_limit
-    if candidates < vocab:
-        cand_logits, cand_ids = torch.topk(scaled, candidates, dim=-1)
-    else:
-        cand_logits, cand_ids = torch.sort(scaled, dim=-1, descending=True)
-    # Normaliser of the distribution top-p is measured on: the top-k set, or the whole vocabulary.
-    if k_limit < vocab:
-        top_k_logits = cand_logits if candidates == k_limit else torch.topk(scaled, k_limit, dim=-1).values
-        normaliser = torch.logsumexp(top_k_logits, dim=-1, keepdim=True)
-    else:
-        normaliser = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    probs = (cand_logits - normaliser).exp()
-
-    cumulative = probs.cumsum(dim=-1)
-    if top_p < 1.0:
-        # Keep token i while the mass strictly before it is below top_p: a prefix by construction.
-        counts = ((cumulative - probs) < top_p).sum(dim=-1)
-    else:
-        counts = torch.full((rows,), candidates, dtype=torch.int64, device=device)
-    counts = counts.clamp(min=1)
-    kept_mass = cumulative.gather(1, (counts - 1).unsqueeze(1)).squeeze(1).clamp(max=1.0)
-
-    cap_binds = torch.zeros(rows, dtype=torch.bool, device=device)
-    if max_kept is not None and max_kept < k_limit:
-        reached = kept_mass >= top_p if top_p < 1.0 else torch.zeros_like(cap_binds)
-        cap_binds = (counts == candidates) & ~reached
-    cap_bias_bound = torch.where(cap_binds, 1.0 - kept_mass, torch.zeros_like(kept_mass))
+    truncation = _truncate(logits, temperature=temperature, top_p=top_p, top_k=top_k, max_kept=max_kept)
+    cand_logits, cand_ids, probs = truncation.cand_logits, truncation.cand_ids, truncation.probs
+    counts, kept_mass, candidates = truncation.counts, truncation.kept_mass, truncation.candidates
+    cap_bias_bound = torch.where(truncation.cap_binds, 1.0 - kept_mass, torch.zeros_like(kept_mass))
 
     positions = torch.arange(candidates, device=device)
     in_kept = positions.unsqueeze(0) < counts.unsqueeze(1)

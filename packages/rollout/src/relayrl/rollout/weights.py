@@ -1,9 +1,19 @@
-"""Keeping an engine's weights current: relayrl-weight-sync's controller driving the torch engine.
+"""Keeping an engine's weights current: relayrl-weight-sync's controller driving an inference engine.
 
-:class:`TorchEngineAdapter` is weight-sync's :class:`~relayrl.weight_sync.EngineAdapter` over a
-:class:`TorchEngine`: the engine's own pause (between decode steps) brackets every apply, tensors
-are written in place through the model's state dict, and the served version the engine stamps on
-every token is the one the controller verified. :func:`start_controller` runs a
+Two adapters turn an engine into weight-sync's :class:`~relayrl.weight_sync.EngineAdapter`:
+
+* :class:`TorchEngineAdapter`, for the built-in :class:`TorchEngine`: the engine's parameters are
+  plain tensors, so deltas are decoded straight into them (zero copy), with the engine's own pause
+  (between decode steps) around every apply.
+* :class:`ShadowAdapter`, for any other :class:`~relayrl.rollout.protocol.WeightSyncTarget` (the
+  vLLM plugin): engines that repack their weights (fused QKV, CPU-friendly layouts) cannot expose
+  the trainer's tensors bit for bit, so the adapter keeps a *shadow* copy of them in checkpoint
+  format on the CPU. Deltas are decoded and verified against the shadow while the engine serves;
+  during the pause the changed tensors are handed to the engine's ``apply_named_tensors`` (which
+  loads them the way its checkpoint loader would). Cost: one CPU copy of the weights per engine.
+
+An engine chooses its adapter with an optional ``weight_sync_adapter()`` method;
+:func:`adapter_for` falls back to the two above. :func:`start_controller` runs a
 :class:`~relayrl.weight_sync.Controller` in a background thread: it prefetches and verifies new
 versions from the bus while the engine serves, then pauses it briefly to apply.
 """
@@ -11,13 +21,17 @@ versions from the bus while the engine serves, then pauses it briefly to apply.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
+
+import numpy as np
 
 from relayrl.core.store import Store
 from relayrl.rollout.engines.torch_engine import TorchEngine
-from relayrl.weight_sync import Controller, StateDictAdapter
+from relayrl.rollout.protocol import WeightSyncTarget
+from relayrl.weight_sync import Controller, EngineAdapter, StateDictAdapter
 
-__all__ = ["TorchEngineAdapter", "start_controller"]
+__all__ = ["ShadowAdapter", "TorchEngineAdapter", "adapter_for", "start_controller"]
 
 
 class TorchEngineAdapter(StateDictAdapter):
@@ -47,12 +61,80 @@ class TorchEngineAdapter(StateDictAdapter):
             self.engine.set_served_version(version)
 
 
-def start_controller(engine: TorchEngine, store: Store, *, prefix: str = "weights", poll_interval_s: float = 0.5,
+class ShadowAdapter(StateDictAdapter):
+    """weight-sync's engine protocol for any :class:`WeightSyncTarget`, through a CPU shadow of its weights.
+
+    ``shadow`` maps the trainer's tensor names to CPU tensors holding exactly the weights the
+    engine serves now (typically loaded from the same model directory). Updates land in the shadow
+    first (decoded, XORed and checksum-verified there); when the controller records the new
+    version, the tensors that changed are pushed to the engine with
+    ``target.apply_named_tensors(changed, version)``, while it is paused.
+    """
+
+    def __init__(self, target: WeightSyncTarget, shadow: Mapping[str, Any], *, push: str = "changed",
+                 threads: int = 0) -> None:
+        if push not in ("changed", "all"):
+            raise ValueError(f"push must be 'changed' or 'all', got {push!r}")
+        super().__init__(dict(shadow), version=target.served_version, threads=threads)
+        self.target = target
+        self.push = push
+        """``changed``: push only tensors whose bits changed; ``all``: every tensor on every update (for
+        engines whose loaders repack groups of tensors together and cannot take a partial set)."""
+        self.pushes = 0
+        self._changed: set[str] = set()
+
+    def pause(self) -> None:
+        self.target.pause()
+        super().pause()
+
+    def apply_tensors(self, tensors: Mapping[str, np.ndarray]) -> None:
+        # Only tensors whose bits differ are pushed: frozen or untouched tensors cost the engine nothing.
+        self._changed.update(name for name, bits in tensors.items() if not np.array_equal(self.read_bits(name), bits))
+        super().apply_tensors(tensors)
+
+    def apply_xor(self, deltas: Mapping[str, np.ndarray]) -> None:
+        super().apply_xor(deltas)
+        # An all-zero delta leaves the tensor as it was: not pushed (frozen or untouched tensors).
+        self._changed.update(name for name, delta in deltas.items() if delta.any())
+
+    def set_served_version(self, version: int | None) -> None:
+        self.version = version
+        if version is None:
+            # The shadow no longer matches a known version (a failed verify); the engine still
+            # serves its old weights. The controller's next update is a snapshot, pushed whole.
+            return
+        # Also when nothing changed: the engine must stamp its tokens with the new version.
+        names = sorted(self.tensors) if self.push == "all" else sorted(self._changed)
+        self.target.apply_named_tensors({name: self.tensors[name] for name in names}, version)
+        self._changed.clear()
+        self.pushes += 1
+
+    def reset_caches(self) -> None:
+        self.target.reset_cache()
+        self.cache_resets += 1
+
+    def resume(self) -> None:
+        super().resume()
+        self.target.resume()
+
+
+def adapter_for(engine: Any) -> EngineAdapter:
+    """The weight-sync adapter of ``engine``: its own ``weight_sync_adapter()``, or a built-in one."""
+    if hasattr(engine, "weight_sync_adapter"):
+        return engine.weight_sync_adapter()
+    if isinstance(engine, TorchEngine):
+        return TorchEngineAdapter(engine)
+    raise TypeError(f"{type(engine).__name__} takes no weight updates: it has no weight_sync_adapter() "
+                    f"and is not a TorchEngine")
+
+
+def start_controller(engine: Any, store: Store, *, prefix: str = "weights", poll_interval_s: float = 0.5,
                      **options: Any) -> tuple[Controller, threading.Event, threading.Thread]:
     """Run a controller for ``engine`` on ``store`` in a daemon thread; set the event to stop it."""
-    controller = Controller(store, TorchEngineAdapter(engine), prefix=prefix, poll_interval_s=poll_interval_s,
+    controller = Controller(store, adapter_for(engine), prefix=prefix, poll_interval_s=poll_interval_s,
                             reset_caches_on_apply=True, **options)
     stop = threading.Event()
-    thread = threading.Thread(target=controller.run, args=(stop,), name=f"{engine.engine_id}-weights", daemon=True)
+    name = getattr(engine, "engine_id", "engine")
+    thread = threading.Thread(target=controller.run, args=(stop,), name=f"{name}-weights", daemon=True)
     thread.start()
     return controller, stop, thread
