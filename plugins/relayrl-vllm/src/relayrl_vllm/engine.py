@@ -124,6 +124,13 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
         on_cpu = current_platform.is_cpu()
         if on_cpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; vLLM's default takes far more
+            if "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+                # vLLM would pin its worker to every core; on a shared machine (the trainer next door)
+                # take the thread count this process was given instead (the engine server's --threads).
+                import torch
+
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+                os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
         args: dict[str, Any] = {
             "model": self.model_path, "skip_tokenizer_init": True, "dtype": dtype, "seed": seed,
             "max_num_seqs": max_batch, "enable_prefix_caching": enable_prefix_caching,

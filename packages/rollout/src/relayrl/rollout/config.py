@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from relayrl.core.config import ConfigError, Section
 
-__all__ = ["ModelSection", "RolloutSection", "build_environment", "build_harness"]
+__all__ = ["ModelSection", "RolloutSection", "build_environment", "build_harness", "build_router"]
 
 
 class ModelSection(Section, kw_only=True):
@@ -45,7 +45,9 @@ class RolloutSection(Section, kw_only=True):
     """Agent harness (``relayrl_rollout_harnesses``)."""
     harness_options: dict[str, Any] = {}
     engine: str = "torch"
-    """Engine backend of the engine processes (``relayrl_rollout_engines``)."""
+    """Engine backend of the engine processes (``relayrl_rollout_engines``): ``torch``, ``vllm`` (plugin)."""
+    engine_options: dict[str, Any] = {}
+    """More keyword arguments of the engine backend (e.g. vLLM's ``kept_sets``, ``engine_args``)."""
     engines: int = 1
     """Engine processes to start."""
     engine_threads: int = 1
@@ -53,7 +55,9 @@ class RolloutSection(Section, kw_only=True):
     max_batch: int = 128
     """Requests an engine decodes together."""
     router: str = "least-loaded"
-    """Router over the engines (``relayrl_rollout_routers``)."""
+    """Router over the engines (``relayrl_rollout_routers``): ``round-robin``, ``least-loaded``, ``dynamo`` (plugin)."""
+    router_options: dict[str, Any] = {}
+    """More keyword arguments of the router (e.g. Dynamo's ``policy``, ``discovery``)."""
     group_size: int = 8
     """Samples per prompt (G): the group whose rewards give the advantages."""
     max_concurrent_groups: int = 16
@@ -110,6 +114,22 @@ def build_environment(rollout: RolloutSection, *, sandbox: Any = None, pm: Any =
     config = _options(pm, "relayrl_rollout_environments", rollout.environment, rollout.environment_options,
                       "rollout.environment_options")
     return factory(config, sandbox=sandbox, pm=pm)
+
+
+def build_router(rollout: RolloutSection, engines: list[Any], *, deployment: str | None = None, pm: Any = None) -> Any:
+    """The router ``[rollout] router`` names over ``engines``, configured by ``router_options``.
+
+    A router whose factory has ``serve_engine`` (Dynamo) finds engines by itself: the engine
+    processes registered with it (``--router`` of the engine server), so it is built with
+    ``serve=False``, one expected instance per engine, and the ``deployment`` they registered under.
+    """
+    from relayrl.core.plugins import lookup
+
+    factory = lookup(pm, "relayrl_rollout_routers", rollout.router, kind="router").factory
+    options = dict(rollout.router_options)
+    if hasattr(factory, "serve_engine"):
+        return factory(engines, serve=False, expect_instances=len(engines), deployment=deployment, **options)
+    return factory(engines, **options)
 
 
 def build_harness(rollout: RolloutSection, *, pm: Any = None) -> Any:

@@ -70,25 +70,32 @@ class Child:
                                         start_new_session=True, preexec_fn=_die_with_parent)
 
     def read_ready(self, timeout_s: float, on_wait: Callable[[], None] = lambda: None) -> int:
-        """Wait for the child's ``READY <port>`` line; copy the rest of its stdout to the log."""
+        """Wait for the child's ``READY <port>`` line; copy every other line of its stdout to the log.
+
+        Lines before READY are expected too: libraries in the child (vLLM) log to stdout.
+        """
         assert self.process is not None and self.process.stdout is not None
-        lines: list[bytes] = []
-        reader = threading.Thread(target=lambda: lines.append(self.process.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-        reader.start()
+        stdout, log = self.process.stdout, self._log
+        ports: list[int] = []
+        ready = threading.Event()
+
+        def pump() -> None:
+            for line in iter(stdout.readline, b""):
+                if not ready.is_set() and line.startswith(b"READY "):
+                    ports.append(int(line.split()[1]))
+                    ready.set()
+                    continue
+                log.write(line)
+                log.flush()
+
+        threading.Thread(target=pump, name=f"{self.name}-stdout", daemon=True).start()
         deadline = time.monotonic() + timeout_s
-        while reader.is_alive():
+        while not ready.wait(0.2):
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RunFailed(f"{self.name} did not start (see {self.log_path}): "
                                 f"{'exited with ' + str(self.process.returncode) if self.process.poll() is not None else 'timed out'}")
             on_wait()
-            reader.join(0.2)
-        line = lines[0].decode().strip() if lines else ""
-        if not line.startswith("READY "):
-            raise RunFailed(f"{self.name} printed {line!r} instead of READY (see {self.log_path})")
-        stdout, log = self.process.stdout, self._log
-        threading.Thread(target=lambda: [log.write(chunk) for chunk in iter(lambda: stdout.read1(65536), b"")],  # type: ignore[union-attr]
-                         daemon=True).start()
-        return int(line.split()[1])
+        return ports[0]
 
     def poll(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -146,7 +153,11 @@ class Launcher:
                 "--bus", self.layout.bus_url(self.config), "--bus-options", json.dumps(dict(self.config.store.options)),
                 "--weights-prefix", self.config.weight_sync.prefix,
                 "--poll-interval", str(self.config.weight_sync.poll_interval_s),
-                "--wait-for-weights", str(section.start_timeout_s)]
+                "--wait-for-weights", str(section.start_timeout_s),
+                "--engine", section.engine, "--engine-options", json.dumps(dict(section.engine_options)),
+                # Routers whose engines register themselves (Dynamo) get each engine registered.
+                "--router", section.router, "--router-options", json.dumps(dict(section.router_options)),
+                "--deployment", str(self.layout.root)]
         return Child(f"engine-{index}", argv, self.layout.logs / f"engine-{index}.log", env=self._env())
 
     def _rollout_child(self) -> Child:

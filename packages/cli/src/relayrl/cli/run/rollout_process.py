@@ -24,8 +24,8 @@ from relayrl.algo.config import build_reward_shapers
 from relayrl.buffer import SegmentWriter, create_prompt_scheduler
 from relayrl.cli.run.layout import RunLayout
 from relayrl.core.config import Config
-from relayrl.core.plugins import get_plugin_manager, lookup
-from relayrl.rollout.config import build_environment, build_harness
+from relayrl.core.plugins import get_plugin_manager
+from relayrl.rollout.config import build_environment, build_harness, build_router
 from relayrl.rollout.engines.http import HttpEngine
 from relayrl.rollout.manager import RolloutManager, write_fleet_counters
 from relayrl.rollout.models import load_tokenizer, make_chat_format
@@ -41,7 +41,7 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
     tokenizer = load_tokenizer(layout.model_path(config))
     chat = make_chat_format(config.model, tokenizer)
     engines = [HttpEngine(url, engine_id=f"engine-{index}") for index, url in enumerate(engine_urls)]
-    router = lookup(pm, "relayrl_rollout_routers", section.router, kind="router").factory(engines)
+    router = build_router(section, engines, deployment=str(layout.root), pm=pm)
     sampling = config.algo.sampling
     params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             max_kept=sampling.max_kept)

@@ -13,8 +13,9 @@ Endpoints (aiohttp):
 ``GET /health``
     ``{"engine_id", "version", "alive", ...}``.
 
-Run a server with ``python -m relayrl.rollout.engines.http --model DIR --port 0``; it prints
-``READY <port>`` on stdout once it listens, and stops cleanly on SIGTERM.
+Run a server with ``python -m relayrl.rollout.engines.http --model DIR --port 0 [--engine vllm]``; it
+prints ``READY <port>`` on stdout once it listens (and, with ``--router dynamo``, once it is
+registered with the router's discovery), and stops cleanly on SIGTERM, deregistering first.
 """
 
 from __future__ import annotations
@@ -170,10 +171,12 @@ class HttpEngine(InferenceEngine):
 
 
 def _build_engine(args: argparse.Namespace) -> tuple[InferenceEngine, Any]:
-    from relayrl.rollout.engines.torch_engine import TorchEngine
+    """The engine ``--engine`` names (``relayrl_rollout_engines``), and the model directory's tokenizer."""
+    from relayrl.core.plugins import get_plugin_manager, lookup
 
-    engine = TorchEngine.from_pretrained(args.model, engine_id=args.engine_id, version=args.version,
-                                         max_batch=args.max_batch, seed=args.seed)
+    factory = lookup(get_plugin_manager(), "relayrl_rollout_engines", args.engine, kind="engine").factory
+    engine = factory(args.model, engine_id=args.engine_id, version=args.version, max_batch=args.max_batch,
+                     seed=args.seed, **json.loads(args.engine_options))
     tokenizer = None
     try:
         from transformers import AutoTokenizer
@@ -182,6 +185,18 @@ def _build_engine(args: argparse.Namespace) -> tuple[InferenceEngine, Any]:
     except Exception:  # a model directory without a tokenizer serves token ids only
         tokenizer = None
     return engine, tokenizer
+
+
+async def _register_with_router(args: argparse.Namespace, engine: InferenceEngine) -> Any:
+    """For routers whose engines register themselves (their factory has ``serve_engine``, e.g. Dynamo)."""
+    if not args.router:
+        return None
+    from relayrl.core.plugins import get_plugin_manager, lookup
+
+    factory = lookup(get_plugin_manager(), "relayrl_rollout_routers", args.router, kind="router").factory
+    if not hasattr(factory, "serve_engine"):
+        return None
+    return await factory.serve_engine(engine, deployment=args.deployment, **json.loads(args.router_options))
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -210,12 +225,15 @@ async def _serve(args: argparse.Namespace) -> None:
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # the real port when --port 0
+    registration = await _register_with_router(args, engine)
     print(f"READY {port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     await stop.wait()
+    if registration is not None:  # deregister first, so that routers stop sending requests here
+        registration.stop()
     if controller is not None:
         stop_controller.set()
     await runner.cleanup()
@@ -223,8 +241,14 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Serve a relayrl torch engine over HTTP.")
+    parser = argparse.ArgumentParser(description="Serve a relayrl inference engine over HTTP.")
     parser.add_argument("--model", required=True, help="local model directory (config + safetensors)")
+    parser.add_argument("--engine", default="torch", help="engine backend (relayrl_rollout_engines): torch, vllm, ...")
+    parser.add_argument("--engine-options", default="{}", metavar="JSON", help="more keyword arguments of the engine")
+    parser.add_argument("--router", default="", help="also register with this router, if its engines register "
+                                                     "themselves (e.g. dynamo)")
+    parser.add_argument("--router-options", default="{}", metavar="JSON", help="options of --router")
+    parser.add_argument("--deployment", default=None, help="deployment id for --router (relayrl run: the run directory)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--engine-id", default=None)

@@ -1,0 +1,61 @@
+"""The ``dynamo`` router registration: a router factory whose engines register themselves.
+
+``factory(engines, **options)`` builds a :class:`~relayrl_dynamo.router.DynamoRouter`. Options are
+the router's (``policy``, ``retries``, ``down_for_s``) and :class:`DynamoSettings` fields
+(``namespace``, ``discovery``, ``discovery_dir``, ``etcd_endpoints``, ``host``).
+
+A router factory with a ``serve_engine`` method tells ``relayrl run`` that engines register with
+the router themselves: each engine process calls ``await factory.serve_engine(engine, ...)`` (it
+becomes a Dynamo instance), and the rollout process builds the router with ``serve=False``. Both
+pass ``deployment`` (the run directory), from which the namespace and the ``file`` discovery
+directory of the run derive unless the options set them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from relayrl.rollout.protocol import InferenceEngine
+from relayrl_dynamo.runtime import DynamoSettings
+
+__all__ = ["DynamoRouterFactory", "settings_from_options"]
+
+_SETTINGS_FIELDS = {field.name for field in dataclasses.fields(DynamoSettings)}
+
+
+def settings_from_options(options: dict[str, Any], deployment: str | None) -> DynamoSettings | None:
+    """Pop the :class:`DynamoSettings` fields out of ``options``; derive per-deployment defaults."""
+    given = {key: options.pop(key) for key in list(options) if key in _SETTINGS_FIELDS}
+    if deployment:
+        digest = hashlib.sha256(os.path.abspath(deployment).encode()).hexdigest()[:12]
+        given.setdefault("namespace", f"relayrl-{digest}")
+        if given.get("discovery", "file") == "file":
+            given.setdefault("discovery_dir", os.path.join(deployment, "dynamo"))
+    if not given:
+        return None  # an isolated in-process deployment
+    return DynamoSettings(**given).resolved()
+
+
+class DynamoRouterFactory:
+    """Builds Dynamo routers; serves engines as Dynamo instances (see the module docstring)."""
+
+    def __call__(self, engines: Sequence[InferenceEngine], *, deployment: str | None = None, **options: Any) -> Any:
+        from relayrl_dynamo.router import DynamoRouter
+
+        options = dict(options)
+        settings = settings_from_options(options, deployment)
+        return DynamoRouter(engines, settings=settings, **options)
+
+    async def serve_engine(self, engine: InferenceEngine, *, deployment: str | None = None, **options: Any) -> Any:
+        """Register ``engine`` as an instance of the deployment's endpoint; returns the started worker."""
+        from relayrl_dynamo.worker import EngineWorker
+
+        options = dict(options)
+        settings = settings_from_options(options, deployment) or DynamoSettings().resolved()
+        worker = EngineWorker(engine, settings)
+        await worker.start()
+        return worker
