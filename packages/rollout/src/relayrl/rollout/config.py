@@ -49,7 +49,10 @@ class RolloutSection(Section, kw_only=True):
     engine_options: dict[str, Any] = {}
     """More keyword arguments of the engine backend (e.g. vLLM's ``kept_sets``, ``engine_args``)."""
     engines: int = 1
-    """Engine processes to start."""
+    """Engines to start (engine server processes, or engines inside the rollout process)."""
+    engines_in_process: bool = False
+    """Run the engines inside the rollout process (no HTTP hop, one process less per engine); the
+    default starts each as an engine server process that the launcher supervises."""
     engine_threads: int = 1
     """torch threads per engine process."""
     max_batch: int = 128

@@ -19,7 +19,7 @@ def relayrl_core_config_sections():
     yield Registration("trainer", TrainerSection, "trainer backend, micro-batching, clipping, batch size")
 
 
-def _torch_trainer(model, **kwargs):
+def _torch_trainer(model, *, run_config=None, **kwargs):  # the torch backend has no section of its own
     from relayrl.trainer.torch_backend import TorchTrainer
 
     return TorchTrainer(model, **kwargs)

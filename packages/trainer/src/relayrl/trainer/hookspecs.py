@@ -12,10 +12,11 @@ from relayrl.core.plugins import Registration, hookspec
 def relayrl_trainer_backends() -> Iterable[Registration[Any]]:
     """Trainer backends, selected by ``[trainer] backend``.
 
-    ``factory(model, *, algo, config, version)`` returns a trainer with ``step(groups, *, weights=None)
+    ``factory(model, *, algo, config, version, pm, run_config=None)`` returns a trainer with ``step(groups, *, weights=None)
     -> metrics`` (``weights``: one per group, scaling its advantages)
     (one optimiser step over a batch of scored groups), ``accumulate_gradients(groups)``,
     ``version`` (the policy version of its weights), ``model`` and ``optimizer``. A sharded backend
     (DeepSpeed ZeRO) also yields its parameters tensor by tensor for publishing, gathering shards
-    one tensor at a time. Built in: ``torch``.
+    one tensor at a time. ``run_config`` is the whole run configuration when there is one (``relayrl
+    run``): a backend takes its own section from it (``[deepspeed]``). Built in: ``torch``.
     """

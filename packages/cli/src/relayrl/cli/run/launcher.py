@@ -209,7 +209,8 @@ class Launcher:
             self.trainer = self._trainer_child()
             self.trainer.start()
             self._wait_for_first_weights()
-            for index in range(self.config.rollout.engines):
+            # With engines_in_process the rollout process hosts the engines itself: no engine servers.
+            for index in range(0 if self.config.rollout.engines_in_process else self.config.rollout.engines):
                 child, port = self._start_engine(index)
                 self.engines.append(child)
                 self.engine_ports.append(port)

@@ -1,7 +1,8 @@
-"""The rollout process of ``relayrl run``: ``python -m relayrl.cli.run.rollout_process RUN_DIR URL [URL ...]``.
+"""The rollout process of ``relayrl run``: ``python -m relayrl.cli.run.rollout_process RUN_DIR [URL ...]``.
 
-Runs the rollout manager (relayrl-rollout) over the engine servers at the given URLs, through the
-configured router and the token-recording proxy; grades with the configured environment (in the
+Runs the rollout manager (relayrl-rollout) over the engine servers at the given URLs (or, with
+``[rollout] engines_in_process``, over engines it hosts itself, each kept current by its own
+weight-sync controller), through the configured router and the token-recording proxy; grades with the configured environment (in the
 sandbox) and commits scored groups to the bus with a :class:`relayrl.buffer.SegmentWriter`.
 Four times a second it writes its cumulative counters to ``fleet/<producer>.json`` on the bus
 (groups graded, committed and skipped; reward sum and count: the trainer's ``reward/fleet_mean``),
@@ -16,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+import time
 from typing import Any
 
 import torch
@@ -24,7 +26,7 @@ from relayrl.algo.config import build_reward_shapers
 from relayrl.buffer import SegmentWriter, create_prompt_scheduler
 from relayrl.cli.run.layout import RunLayout
 from relayrl.core.config import Config
-from relayrl.core.plugins import get_plugin_manager
+from relayrl.core.plugins import get_plugin_manager, lookup
 from relayrl.rollout.config import build_environment, build_harness, build_router
 from relayrl.rollout.engines.http import HttpEngine
 from relayrl.rollout.manager import RolloutManager, write_fleet_counters
@@ -40,8 +42,12 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
     environment = build_environment(section, sandbox=config.sandbox, pm=pm)
     tokenizer = load_tokenizer(layout.model_path(config))
     chat = make_chat_format(config.model, tokenizer)
-    engines = [HttpEngine(url, engine_id=f"engine-{index}") for index, url in enumerate(engine_urls)]
-    router = build_router(section, engines, deployment=str(layout.root), pm=pm)
+    if section.engines_in_process:
+        engines = await in_process_engines(layout, config, pm=pm)
+        router = build_router(section, engines, pm=pm)
+    else:
+        engines = [HttpEngine(url, engine_id=f"engine-{index}") for index, url in enumerate(engine_urls)]
+        router = build_router(section, engines, deployment=str(layout.root), pm=pm)
     sampling = config.algo.sampling
     params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             max_kept=sampling.max_kept)
@@ -80,19 +86,47 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         with contextlib.suppress(asyncio.CancelledError):
             await reporter
         write_fleet_counters(bus, section.producer_id, manager.fleet_counters())
-        for engine in engines:
-            await engine.close()
+        await router.close()  # closes the engines (clients or in-process engines) too
+
+
+async def in_process_engines(layout: RunLayout, config: Config, *, pm: Any = None) -> list[Any]:
+    """The ``[rollout]`` engines built in this process, each following the bus with its own controller.
+
+    Like the engine servers' ``--wait-for-weights``: returns once every engine serves a published
+    version (never the model directory's weights).
+    """
+    from relayrl.rollout.weights import start_controller
+
+    section = config.rollout
+    factory = lookup(pm, "relayrl_rollout_engines", section.engine, kind="engine").factory
+    bus = layout.bus(config)
+    engines = []
+    for index in range(section.engines):
+        engine = factory(str(layout.model_path(config)), engine_id=f"engine-{index}", version=0,
+                         max_batch=section.max_batch, seed=config.run.seed + index, **section.engine_options)
+        start_controller(engine, bus, prefix=config.weight_sync.prefix,
+                         poll_interval_s=config.weight_sync.poll_interval_s)
+        engines.append(engine)
+    deadline = time.monotonic() + section.start_timeout_s
+    while any(engine.served_version <= 0 for engine in engines):
+        if time.monotonic() > deadline:
+            raise SystemExit(f"in-process engines applied no published weights within {section.start_timeout_s} s")
+        await asyncio.sleep(0.05)
+    return engines
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) < 2:
-        print("usage: python -m relayrl.cli.run.rollout_process RUN_DIR ENGINE_URL [ENGINE_URL ...]", file=sys.stderr)
+    if not argv:
+        print("usage: python -m relayrl.cli.run.rollout_process RUN_DIR [ENGINE_URL ...]", file=sys.stderr)
         return 2
-    torch.set_num_threads(1)  # this process only tokenises and routes; the cores belong to engines and trainer
     pm = get_plugin_manager()
     layout = RunLayout(argv[0])
-    asyncio.run(run_rollout(layout, layout.load_config(pm=pm), argv[1:], pm=pm))
+    config = layout.load_config(pm=pm)
+    # Without in-process engines this process only tokenises and routes: the cores belong to the
+    # engine servers and the trainer.
+    torch.set_num_threads(config.rollout.engine_threads if config.rollout.engines_in_process else 1)
+    asyncio.run(run_rollout(layout, config, argv[1:], pm=pm))
     return 0
 
 

@@ -93,7 +93,8 @@ class TrainerProcess:
 
     def _new_trainer(self, version: int) -> Any:
         factory = lookup(self.pm, "relayrl_trainer_backends", self.config.trainer.backend, kind="trainer backend").factory
-        return factory(self.model, algo=self.config.algo, config=self.config.trainer, version=version, pm=self.pm)
+        return factory(self.model, algo=self.config.algo, config=self.config.trainer, version=version, pm=self.pm,
+                       run_config=self.config)
 
     def _warmup(self) -> None:
         section = self.config.trainer.warmup
