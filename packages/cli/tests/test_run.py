@@ -101,7 +101,10 @@ def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_re
     assert max(record["metrics"].get("fleet/engine_version_min", 0) for record in records) >= 2
     # Staleness was measured (the fleet runs ahead of the trainer) and answers were graded in the sandbox.
     assert any(name.startswith("staleness/hist/") for record in records for name in record["metrics"])
-    assert last["sandbox/calls"] > 0 and last["sandbox/graded_answers"] > 0
+    # (The rollout process's counters reach a step only once it has reported: the first steps of the
+    # resumed run may train on groups committed before the stop, ahead of its first report.)
+    graded = [record["metrics"] for record in records if "sandbox/calls" in record["metrics"]]
+    assert graded and graded[-1]["sandbox/calls"] > 0 and graded[-1]["sandbox/graded_answers"] > 0
     assert 0.0 <= last["reward/fleet_mean"] <= 1.0 and last["entropy/token_mean"] > 0
     assert last["weight_sync/delta_ratio"] > 1  # deltas, not full copies
     report = run_dir / "report"

@@ -27,8 +27,8 @@ from relayrl.rollout.testing.engine_tests import recorded, replayed
 
 pytest.importorskip("dynamo.runtime", reason="ai-dynamo-runtime is not installed here (the `dynamo` nox session installs it)")
 
-from relayrl_dynamo.router import DynamoRouter  # noqa: E402
-from relayrl_dynamo.runtime import DynamoSettings  # noqa: E402
+from relayrl_dynamo.router import DynamoRouter
+from relayrl_dynamo.runtime import DynamoSettings
 
 
 def _free_port() -> int:
