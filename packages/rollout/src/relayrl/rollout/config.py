@@ -119,19 +119,24 @@ def build_environment(rollout: RolloutSection, *, sandbox: Any = None, pm: Any =
     return factory(config, sandbox=sandbox, pm=pm)
 
 
-def build_router(rollout: RolloutSection, engines: list[Any], *, deployment: str | None = None, pm: Any = None) -> Any:
+def build_router(rollout: RolloutSection, engines: list[Any], *, deployment: str | None = None,
+                 registered: bool = False, pm: Any = None) -> Any:
     """The router ``[rollout] router`` names over ``engines``, configured by ``router_options``.
 
-    A router whose factory has ``serve_engine`` (Dynamo) finds engines by itself: the engine
-    processes registered with it (``--router`` of the engine server), so it is built with
-    ``serve=False``, one expected instance per engine, and the ``deployment`` they registered under.
+    A router whose factory has ``serve_engine`` (Dynamo) can find engines by itself. With
+    ``registered`` the engines are processes that registered with it already (engine servers
+    started with ``--router``): it is built with ``serve=False`` and one expected instance per
+    engine; otherwise it serves the given engines itself. ``deployment`` (the run directory) scopes
+    its namespace and discovery.
     """
     from relayrl.core.plugins import lookup
 
     factory = lookup(pm, "relayrl_rollout_routers", rollout.router, kind="router").factory
     options = dict(rollout.router_options)
     if hasattr(factory, "serve_engine"):
-        return factory(engines, serve=False, expect_instances=len(engines), deployment=deployment, **options)
+        if registered:
+            options.update(serve=False, expect_instances=len(engines))
+        return factory(engines, deployment=deployment, **options)
     return factory(engines, **options)
 
 

@@ -44,10 +44,11 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
     chat = make_chat_format(config.model, tokenizer)
     if section.engines_in_process:
         engines = await in_process_engines(layout, config, pm=pm)
-        router = build_router(section, engines, pm=pm)
+        router = build_router(section, engines, deployment=str(layout.root), pm=pm)
     else:
         engines = [HttpEngine(url, engine_id=f"engine-{index}") for index, url in enumerate(engine_urls)]
-        router = build_router(section, engines, deployment=str(layout.root), pm=pm)
+        # Engine servers registered with a router that discovers engines (--router of each server).
+        router = build_router(section, engines, deployment=str(layout.root), registered=True, pm=pm)
     sampling = config.algo.sampling
     params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             max_kept=sampling.max_kept)
