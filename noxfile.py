@@ -8,7 +8,9 @@ to the CPU build on this machine kind).
     nox -l                       # list sessions
     nox -s "tests(package='core')"
     nox -s template              # render plugins/_template, install it, run its tests
-    nox -t ci                    # everything CI runs
+    nox -s vllm dynamo           # the vLLM and Dynamo plugins on the real backends
+    nox -s integration           # the whole backend matrix of relayrl run (24 cells)
+    nox -t ci                    # everything CI runs (also what a bare `nox` runs)
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ RUFF = "ruff==0.17.6"
 nox.options.default_venv_backend = "venv"
 nox.options.error_on_missing_interpreters = True
 nox.options.reuse_venv = "no"
+nox.options.tags = ["ci"]  # a bare `nox` runs what CI runs, not the whole 24-cell backend matrix
 
 
 def _project(folder: Path) -> dict:
