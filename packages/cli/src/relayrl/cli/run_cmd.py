@@ -92,10 +92,12 @@ def _report(run_dir: Path) -> None:
         from relayrl.cli.report import write_report
     except ImportError:
         return
+    from relayrl.core.errors import RelayrlError
+
     try:
         report = write_report(run_dir, None)
-    except ImportError as exc:  # matplotlib not installed
-        print(f"report skipped ({exc}); pip install 'relayrl[report]'")
+    except (ImportError, RelayrlError) as exc:  # matplotlib not installed: the run itself succeeded
+        print(f"report skipped ({exc})")
         return
     print(f"report: {report.html_path}")
     for key, value in report.summary.items():
