@@ -121,6 +121,9 @@ def _pip_find_links() -> str:
 # multi-GB CUDA build on PyPI instead of the CPU wheel on this machine's disk.
 if "UV_FIND_LINKS" not in os.environ and _pip_find_links():
     os.environ["UV_FIND_LINKS"] = _pip_find_links()
+# Like pip, write .pyc files at install time: otherwise every fresh process compiles torch's modules
+# on import (seconds each), and tests that kill processes early never see one get past its imports.
+os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 
 
 def uninstall(session: nox.Session, *packages: str) -> None:
