@@ -208,7 +208,10 @@ class DynamoRouter(InferenceEngine):
                 "down": len(down), "namespace": self.settings.namespace}
 
     async def close(self) -> None:
+        """Stop routing (:meth:`close_sync`), then close the given engines on the caller's loop."""
         await asyncio.get_running_loop().run_in_executor(None, self.close_sync)
+        for engine in self.engines:
+            await engine.close()
 
     def close_sync(self) -> None:
         """Deregister the engines this router serves, shut its runtime down, stop its loop."""
@@ -222,9 +225,6 @@ class DynamoRouter(InferenceEngine):
             if runtime is not None:
                 with contextlib.suppress(Exception):
                     runtime.shutdown()
-            for engine in self.engines:
-                with contextlib.suppress(Exception):
-                    await engine.close()
 
         with contextlib.suppress(Exception):
             self._call(shutdown(), timeout_s=30)

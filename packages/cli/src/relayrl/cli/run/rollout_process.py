@@ -2,8 +2,10 @@
 
 Runs the rollout manager (relayrl-rollout) over the engine servers at the given URLs (or, with
 ``[rollout] engines_in_process``, over engines it hosts itself, each kept current by its own
-weight-sync controller), through the configured router and the token-recording proxy; grades with the configured environment (in the
-sandbox) and commits scored groups to the bus with a :class:`relayrl.buffer.SegmentWriter`.
+weight-sync controller; or, with a router that discovers engines such as Dynamo, over whatever
+registered), through the configured router and the token-recording proxy; grades with the
+configured environment (in the sandbox) and commits scored groups to the bus with a
+:class:`relayrl.buffer.SegmentWriter`.
 Four times a second it writes its cumulative counters to ``fleet/<producer>.json`` on the bus
 (groups graded, committed and skipped; reward sum and count: the trainer's ``reward/fleet_mean``),
 and every second ``status/rollout.json``: fleet throughput, the environment's grading
