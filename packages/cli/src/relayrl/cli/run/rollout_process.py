@@ -68,17 +68,17 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         beat = 0
         while True:
             write_fleet_counters(bus, section.producer_id, manager.fleet_counters())
+            if beat % 4 == 0:  # the status, with every engine's health, once a second from the start
+                health = await asyncio.gather(*(engine.health() for engine in engines))
+                layout.write_status("rollout", {
+                    "metrics": {**manager.metrics(), **environment.metrics(),
+                                "fleet/engines_alive": float(sum(bool(item.get("alive")) for item in health)),
+                                "fleet/engine_version_min": float(min((item.get("version", 0) for item in health),
+                                                                      default=0)),
+                                "fleet/engine_weight_updates": float(sum(item.get("weight_updates", 0)
+                                                                         for item in health))},
+                    "engines": health})
             beat += 1
-            if beat % 4:
-                await asyncio.sleep(0.25)
-                continue
-            health = await asyncio.gather(*(engine.health() for engine in engines))
-            layout.write_status("rollout", {
-                "metrics": {**manager.metrics(), **environment.metrics(),
-                            "fleet/engines_alive": float(sum(bool(item.get("alive")) for item in health)),
-                            "fleet/engine_version_min": float(min((item.get("version", 0) for item in health), default=0)),
-                            "fleet/engine_weight_updates": float(sum(item.get("weight_updates", 0) for item in health))},
-                "engines": health})
             await asyncio.sleep(0.25)
 
     reporter = asyncio.create_task(report())
