@@ -30,14 +30,14 @@ import asyncio
 import contextlib
 import itertools
 import random
-import threading
 import time
 import zlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import msgspec
 
+from relayrl.rollout.loop_thread import Emit, LoopThread
 from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, StreamEvent
 from relayrl_dynamo.runtime import DynamoSettings, create_runtime
 from relayrl_dynamo.worker import ERROR_KEY, EngineWorker
@@ -84,9 +84,7 @@ class DynamoRouter(InferenceEngine):
         self._cycle = itertools.count()
         self._random = random.Random(seed)
         self._workers: list[EngineWorker] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{engine_id}-loop", daemon=True)
-        self._thread.start()
+        self._loop_thread = LoopThread(f"{engine_id}-loop")
         expected = expect_instances if expect_instances is not None else (len(self.engines) if serve else 1)
         try:
             self._call(self._start(self.engines if serve else [], expected, start_timeout_s), start_timeout_s + 5)
@@ -96,7 +94,7 @@ class DynamoRouter(InferenceEngine):
 
     # ------------------------------------------------------------------ set-up
     def _call(self, coroutine: Any, timeout_s: float | None = 60.0) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+        return self._loop_thread.call(coroutine, timeout_s)
 
     async def _start(self, engines: Sequence[InferenceEngine], expected: int, timeout_s: float) -> None:
         for engine in engines:
@@ -137,27 +135,11 @@ class DynamoRouter(InferenceEngine):
         self._down_until[instance] = time.monotonic() + self.down_for_s
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
-        caller = asyncio.get_running_loop()
-        queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
+        async with contextlib.aclosing(self._loop_thread.stream(lambda emit: self._route(request, emit))) as events:
+            async for event in events:
+                yield event
 
-        def emit(item: StreamEvent | BaseException) -> None:
-            with contextlib.suppress(RuntimeError):
-                caller.call_soon_threadsafe(queue.put_nowait, item)
-
-        future = asyncio.run_coroutine_threadsafe(self._route(request, emit), self._loop)
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
-        finally:
-            if not future.done():
-                future.cancel()
-
-    async def _route(self, request: GenerateRequest, emit: Callable[[StreamEvent | BaseException], None]) -> None:
+    async def _route(self, request: GenerateRequest, emit: Emit) -> None:
         payload = msgspec.to_builtins(request)
         tried: set[int] = set()
         for attempt in range(self.retries + 1):
@@ -201,7 +183,7 @@ class DynamoRouter(InferenceEngine):
 
     # ------------------------------------------------------------------ lifecycle
     async def health(self) -> dict[str, Any]:
-        listed = self.instance_ids() if self._thread.is_alive() else []
+        listed = self.instance_ids() if self._loop_thread.alive else []
         now = time.monotonic()
         down = [instance for instance in listed if self._down_until.get(instance, 0.0) > now]
         return {"engine_id": self.engine_id, "alive": len(listed) > len(down), "instances": len(listed),
@@ -215,7 +197,7 @@ class DynamoRouter(InferenceEngine):
 
     def close_sync(self) -> None:
         """Deregister the engines this router serves, shut its runtime down, stop its loop."""
-        if not self._thread.is_alive():
+        if not self._loop_thread.alive:
             return
 
         async def shutdown() -> None:
@@ -228,5 +210,4 @@ class DynamoRouter(InferenceEngine):
 
         with contextlib.suppress(Exception):
             self._call(shutdown(), timeout_s=30)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._loop_thread.stop()

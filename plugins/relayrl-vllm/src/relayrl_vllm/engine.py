@@ -33,11 +33,11 @@ import logging
 import os
 import shutil
 import tempfile
-import threading
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+from relayrl.rollout.loop_thread import Emit, LoopThread
 from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, StreamEvent, WeightSyncTarget
 from relayrl_vllm.sampling import EXTRA_ARGS_KEY, kept_bound, relayrl_args, tokens_from_completion, truncates
 
@@ -104,16 +104,15 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
         self.weight_updates = 0
         self.cache_resets = 0
         self.version_mismatches = 0
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name=f"{self.engine_id}-loop", daemon=True)
-        self._thread.start()
+        self._loop_thread = LoopThread(f"{self.engine_id}-loop")
+        self._loop = self._loop_thread.loop
         args = self._engine_args(dtype=dtype, seed=seed, max_batch=max_batch, max_model_len=max_model_len,
                                  enable_prefix_caching=enable_prefix_caching, extra=engine_args or {})
         try:
             self._llm = self._call(self._start(args), timeout_s=start_timeout_s)
             self._call(self._llm.update_weight_version(str(version)))
         except BaseException:
-            self._stop_loop()
+            self._loop_thread.stop()
             raise
 
     # ------------------------------------------------------------------ construction
@@ -155,7 +154,7 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
 
     def _call(self, coroutine: Any, timeout_s: float | None = 120.0) -> Any:
         """Run ``coroutine`` on the engine's loop and wait for it (never call from that loop)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(timeout_s)
+        return self._loop_thread.call(coroutine, timeout_s)
 
     # ------------------------------------------------------------------ generation
     def _vllm_params(self, params: Any) -> Any:
@@ -178,27 +177,12 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
         if not request.prompt:
             raise ValueError(f"request {request.request_id}: empty prompt")
-        caller = asyncio.get_running_loop()
-        queue: asyncio.Queue[StreamEvent | BaseException] = asyncio.Queue()
+        # A consumer that stops early cancels _generate, and vLLM aborts the request.
+        async with contextlib.aclosing(self._loop_thread.stream(lambda emit: self._generate(request, emit))) as events:
+            async for event in events:
+                yield event
 
-        def emit(item: StreamEvent | BaseException) -> None:
-            with contextlib.suppress(RuntimeError):  # the caller's loop is gone: nobody listens
-                caller.call_soon_threadsafe(queue.put_nowait, item)
-
-        future = asyncio.run_coroutine_threadsafe(self._generate(request, emit), self._loop)
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-                if item.finish_reason is not None:
-                    return
-        finally:
-            if not future.done():
-                future.cancel()  # abandoned mid-stream: vLLM aborts the request
-
-    async def _generate(self, request: GenerateRequest, emit: Callable[[StreamEvent | BaseException], None]) -> None:
+    async def _generate(self, request: GenerateRequest, emit: Emit) -> None:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         params = request.params
@@ -319,7 +303,7 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
 
     # ------------------------------------------------------------------ lifecycle
     async def health(self) -> dict[str, Any]:
-        alive = self._thread.is_alive() and self._llm is not None and not getattr(self._llm, "errored", False)
+        alive = self._loop_thread.alive and self._llm is not None and not getattr(self._llm, "errored", False)
         return {"engine_id": self.engine_id, "version": self._version, "alive": alive, "paused": self._paused,
                 "running": len(self._active), "weight_updates": self.weight_updates,
                 "cache_resets": self.cache_resets, "version_mismatches": self.version_mismatches,
@@ -330,17 +314,13 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
 
     def close_sync(self) -> None:
         """Shut vLLM down (its engine-core and worker processes) and stop the engine's loop."""
-        if not self._thread.is_alive():
+        if not self._loop_thread.alive:
             return
         with contextlib.suppress(Exception):
             self._loop.call_soon_threadsafe(self._llm.shutdown)
             self._call(asyncio.sleep(0), timeout_s=60)
-        self._stop_loop()
+        self._loop_thread.stop()
         self._llm = None  # released now, not at interpreter exit (vLLM's __del__ shuts down again)
-
-    def _stop_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=30)
 
 
 def _write_transport_file(tensors: Mapping[str, Any]) -> str:
