@@ -187,7 +187,7 @@ class DynamoRouter(InferenceEngine):
         now = time.monotonic()
         down = [instance for instance in listed if self._down_until.get(instance, 0.0) > now]
         return {"engine_id": self.engine_id, "alive": len(listed) > len(down), "instances": len(listed),
-                "down": len(down), "namespace": self.settings.namespace}
+                "down": len(down), "in_flight": sum(self.in_flight.values()), "namespace": self.settings.namespace}
 
     async def close(self) -> None:
         """Stop routing (:meth:`close_sync`), then close the given engines on the caller's loop."""
