@@ -101,12 +101,16 @@ def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_re
     assert max(record["metrics"].get("fleet/engine_version_min", 0) for record in records) >= 2
     # Staleness was measured (the fleet runs ahead of the trainer) and answers were graded in the sandbox.
     assert any(name.startswith("staleness/hist/") for record in records for name in record["metrics"])
-    # (The rollout process's counters reach a step only once it has reported: the first steps of the
-    # resumed run may train on groups committed before the stop, ahead of its first report.)
+    # The rollout process's sandbox counters count from its own start: the resumed run's last steps may
+    # train on groups committed before the stop while its fresh rollout process has graded nothing yet,
+    # so the check is that some step saw answers graded, not the last one.
     graded = [record["metrics"] for record in records if "sandbox/calls" in record["metrics"]]
-    assert graded and graded[-1]["sandbox/calls"] > 0 and graded[-1]["sandbox/graded_answers"] > 0
+    assert graded and max(metrics["sandbox/calls"] for metrics in graded) > 0
+    assert max(metrics["sandbox/graded_answers"] for metrics in graded) > 0
     assert 0.0 <= last["reward/fleet_mean"] <= 1.0 and last["entropy/token_mean"] > 0
-    assert last["weight_sync/delta_ratio"] > 1  # deltas, not full copies
+    # Deltas, not full copies. (Not necessarily the last step's report: a resumed trainer first publishes a
+    # full snapshot, and when it resumes one step before the end, that may be the last publish to finish.)
+    assert max(record["metrics"].get("weight_sync/delta_ratio", 0) for record in records) > 1
     report = run_dir / "report"
     assert (report / "report.html").exists() and len(list(report.glob("*.png"))) >= 4
 

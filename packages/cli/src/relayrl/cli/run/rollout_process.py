@@ -64,20 +64,23 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         progress_poll_s=0.1, skip_zero_variance=section.skip_zero_variance,
         zero_variance_tolerance=config.buffer.zero_variance_tolerance)
 
+    async def write_status() -> None:
+        health = await asyncio.gather(*(engine.health() for engine in engines))
+        layout.write_status("rollout", {
+            "metrics": {**manager.metrics(), **environment.metrics(),
+                        "fleet/engines_alive": float(sum(bool(item.get("alive")) for item in health)),
+                        "fleet/engine_version_min": float(min((item.get("version", 0) for item in health),
+                                                              default=0)),
+                        "fleet/engine_weight_updates": float(sum(item.get("weight_updates", 0)
+                                                                 for item in health))},
+            "engines": health})
+
     async def report() -> None:
         beat = 0
         while True:
             write_fleet_counters(bus, section.producer_id, manager.fleet_counters())
             if beat % 4 == 0:  # the status, with every engine's health, once a second from the start
-                health = await asyncio.gather(*(engine.health() for engine in engines))
-                layout.write_status("rollout", {
-                    "metrics": {**manager.metrics(), **environment.metrics(),
-                                "fleet/engines_alive": float(sum(bool(item.get("alive")) for item in health)),
-                                "fleet/engine_version_min": float(min((item.get("version", 0) for item in health),
-                                                                      default=0)),
-                                "fleet/engine_weight_updates": float(sum(item.get("weight_updates", 0)
-                                                                         for item in health))},
-                    "engines": health})
+                await write_status()
             beat += 1
             await asyncio.sleep(0.25)
 
@@ -89,6 +92,8 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         with contextlib.suppress(asyncio.CancelledError):
             await reporter
         write_fleet_counters(bus, section.producer_id, manager.fleet_counters())
+        with contextlib.suppress(Exception, asyncio.CancelledError):  # final counters; health may fail at shutdown
+            await asyncio.wait_for(write_status(), timeout=5)
         await router.close()  # closes the engines (clients or in-process engines) too
 
 
