@@ -64,8 +64,9 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         progress_poll_s=0.1, skip_zero_variance=section.skip_zero_variance,
         zero_variance_tolerance=config.buffer.zero_variance_tolerance)
 
-    async def write_status() -> None:
-        health = await asyncio.gather(*(engine.health() for engine in engines))
+    health: list[dict[str, Any]] = []
+
+    def write_status() -> None:
         layout.write_status("rollout", {
             "metrics": {**manager.metrics(), **environment.metrics(),
                         "fleet/engines_alive": float(sum(bool(item.get("alive")) for item in health)),
@@ -80,7 +81,8 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         while True:
             write_fleet_counters(bus, section.producer_id, manager.fleet_counters())
             if beat % 4 == 0:  # the status, with every engine's health, once a second from the start
-                await write_status()
+                health[:] = await asyncio.gather(*(engine.health() for engine in engines))
+                write_status()
             beat += 1
             await asyncio.sleep(0.25)
 
@@ -92,8 +94,8 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         with contextlib.suppress(asyncio.CancelledError):
             await reporter
         write_fleet_counters(bus, section.producer_id, manager.fleet_counters())
-        with contextlib.suppress(Exception, asyncio.CancelledError):  # final counters; health may fail at shutdown
-            await asyncio.wait_for(write_status(), timeout=5)
+        # The final counters, with the engines' last health: they are being stopped alongside this process.
+        write_status()
         await router.close()  # closes the engines (clients or in-process engines) too
 
 
