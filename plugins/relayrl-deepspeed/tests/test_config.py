@@ -29,6 +29,17 @@ def test_adamw_config_uses_torch_adam():
 
 
 def test_section_registered_and_validated():
-    assert load_config({"deepspeed": {"zero_stage": 3}, "trainer": {"backend": "deepspeed"}}).deepspeed.zero_stage == 3
+    config = load_config({"deepspeed": {"zero_stage": 3}, "trainer": {"backend": "deepspeed"},
+                          "model": {"dtype": "bfloat16"}})
+    assert config.deepspeed.zero_stage == 3
     with pytest.raises(ConfigError, match="deepspeed.zero_stage: must be 1, 2 or 3"):
         load_config({"deepspeed": {"zero_stage": 4}})
+
+
+def test_a_bf16_trainer_needs_bf16_engines():
+    # Weight sync is bit-exact: bf16 weights cannot be applied to engines serving float32.
+    with pytest.raises(ConfigError, match=r'deepspeed.bf16: publishes bfloat16 weights, but the engines serve '
+                                          r'model.dtype = "float32"'):
+        load_config({"trainer": {"backend": "deepspeed"}})
+    assert load_config({"trainer": {"backend": "deepspeed"}, "deepspeed": {"bf16": False}}).deepspeed.bf16 is False
+    assert load_config({"trainer": {"backend": "torch"}}).model.dtype == "float32"  # [deepspeed] unused: no rule

@@ -24,3 +24,13 @@ class DeepSpeedSection(Section, kw_only=True):
     def check(self, pm: Any, path: str) -> None:
         if self.zero_stage not in (1, 2, 3):
             raise ConfigError(f"{path}.zero_stage: must be 1, 2 or 3, got {self.zero_stage}")
+
+    def check_with(self, config: Any, pm: Any, path: str) -> None:
+        # Weight sync is bit-exact: engines serve the model directory's dtype and accept only that, so
+        # a bf16 trainer can only publish to bf16 engines.
+        trainer, model = getattr(config, "trainer", None), getattr(config, "model", None)
+        if getattr(trainer, "backend", None) != "deepspeed" or model is None or not self.bf16:
+            return
+        if model.dtype != "bfloat16":
+            raise ConfigError(f"{path}.bf16: publishes bfloat16 weights, but the engines serve model.dtype = "
+                              f"\"{model.dtype}\": set model.dtype = \"bfloat16\" or {path}.bf16 = false")

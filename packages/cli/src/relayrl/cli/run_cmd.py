@@ -74,13 +74,6 @@ def _preflight(config: Any, pm: Any) -> None:
 
     if not config.model.configured:
         raise ConfigError("model: set model.path (a model directory) or model.init (a fresh model's options)")
-    deepspeed = getattr(config, "deepspeed", None)
-    if config.trainer.backend == "deepspeed" and deepspeed is not None and deepspeed.bf16 \
-            and config.model.dtype != "bfloat16":
-        # Weight sync is bit-exact: engines serve the model directory's dtype and take only that.
-        raise ConfigError(f"trainer.backend = \"deepspeed\" with deepspeed.bf16 publishes bfloat16 weights, but the "
-                          f"engines serve model.dtype = \"{config.model.dtype}\": set model.dtype = \"bfloat16\" "
-                          f"or deepspeed.bf16 = false")
     if config.rollout.environment in ("countdown", "code"):
         from relayrl.sandbox import open_backend
 

@@ -53,6 +53,14 @@ class Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=T
     def check(self, pm: Any, path: str) -> None:
         """Validate what plain decoding cannot (plugin names, cross-field rules); raise ConfigError."""
 
+    def check_with(self, config: Config, pm: Any, path: str) -> None:
+        """Validate rules that span sections, once every section is decoded; raise ConfigError.
+
+        ``config`` holds every section (defaults included). A plugin's section states here what it
+        needs of the others (``[deepspeed] bf16`` needs ``model.dtype = "bfloat16"``), so the rule
+        lives with the plugin and ``relayrl config check`` reports it.
+        """
+
 
 class RunSection(Section):
     """``[run]``: identity and reproducibility of a run."""
@@ -184,7 +192,14 @@ def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[s
                 sections[name].check(pm, name)
         except ConfigError as exc:
             raise ConfigError(f"{origin}: {exc}") from None
-    return Config(sections, origin, data)
+    config = Config(sections, origin, data)
+    for name, section in sections.items():
+        try:
+            if isinstance(section, Section):
+                section.check_with(config, pm, name)
+        except ConfigError as exc:
+            raise ConfigError(f"{origin}: {exc}") from None
+    return config
 
 
 # --------------------------------------------------------------------------------- internals
