@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 import torch
 
+from relayrl.core.errors import StoreError
 from relayrl.core.store import open_store
 from relayrl.fault_tolerance.checkpoint import AsyncCheckpointer, CheckpointStore
 from relayrl.fault_tolerance.faults import corrupt_file, delete_node_dir, truncate_file
@@ -32,6 +34,9 @@ def test_async_save_and_recover(tmp_path):
     assert local.committed_steps() == [4, 3]  # retention kept the newest two
     recovered = recover(local)
     assert recovered.step == 4 and same(recovered.state, state(4)) and not recovered.rebuilt_local
+    # Ranks that disagree settle on the oldest step any of them recovered.
+    assert recover(local, at_most=3).step == 3 and same(recover(local, at_most=3).state, state(3))
+    assert recover(local, at_most=2) is None
 
 
 def test_snapshot_is_taken_at_save_time(tmp_path):
@@ -117,9 +122,37 @@ def test_a_checkpoint_needs_every_rank(tmp_path):
     assert recover(rank1).step == 1
 
 
+def test_resuming_discards_the_later_steps_of_this_rank_so_they_can_be_redone(tmp_path):
+    store = open_store(str(tmp_path / "node"))
+    rank0 = AsyncCheckpointer(store, rank=0, world_size=2)
+    rank1 = AsyncCheckpointer(store, rank=1, world_size=2)
+    for step in (1, 2):
+        rank0.save(step, state(step))
+        rank1.save(step, state(step))
+    rank0.save(3, state(3))  # rank 1 died before committing step 3
+    rank0.wait()
+    rank1.wait()
+    assert recover(rank0.local).step == 2
+    redone = state(3)
+    redone["cursor"]["segment"] += 1  # the redone step differs (another batch, another timestamp ...)
+    with pytest.raises(StoreError, match="already committed with other content"):
+        rank0.local.write(3, _payload_of(redone))  # without the discard, the stale commit blocks the redo
+    assert rank0.discard_after(2) == [3] and rank1.discard_after(2) == []
+    rank0.save(3, redone)
+    rank1.save(3, redone)
+    rank0.close()
+    rank1.close()
+    assert recover(rank0.local).step == 3 and same(recover(rank1.local).state, redone)
+    assert rank0.local.committed_steps()[0] == 3 and recover(rank0.local, at_most=2).step == 2
+
+
 def _payload(step: int) -> bytes:
+    return _payload_of(state(step))
+
+
+def _payload_of(value: dict) -> bytes:
     import io
 
     buffer = io.BytesIO()
-    torch.save(state(step), buffer)
+    torch.save(value, buffer)
     return buffer.getvalue()

@@ -16,11 +16,17 @@ writing (to the local store and every peer store) happen on a background thread,
 a time, in order; at most ``max_in_flight`` (default 1) saves are in flight at once, so snapshot
 memory stays bounded and, with the default, step N - 1 is durable once step N is saved. A failure there
 surfaces at the next ``save`` or ``wait``.
+
+A trainer that resumes from step S redoes the steps after it, so before it saves again each rank
+discards its own files of those later steps (:meth:`AsyncCheckpointer.discard_after`): a step only
+some ranks committed before a crash, or one that no longer verifies, would otherwise block the
+commit of the redone step (its commit record exists, with other content).
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import re
 import threading
 import time
@@ -37,6 +43,8 @@ from relayrl.core.store import Store
 from relayrl.fault_tolerance.faults import maybe_kill
 
 __all__ = ["AsyncCheckpointer", "CheckpointCommit", "CheckpointStore", "SaveResult", "to_cpu"]
+
+log = logging.getLogger(__name__)
 
 PREFIX = "checkpoints"
 _STEP = re.compile(r"^checkpoints/step-(\d{9})/rank-(\d{5})\.commit$")
@@ -147,6 +155,19 @@ class CheckpointStore:
         return torch.load(io.BytesIO(self.read_shard(step)), weights_only=False, map_location="cpu")
 
     # ------------------------------------------------------------------ retention
+    def discard_after(self, step: int) -> list[int]:
+        """Delete this rank's files of every step after ``step``, commit record first; return the steps."""
+        own = re.compile(rf"^{PREFIX}/step-(\d{{9}})/rank-{self.rank:05d}\.(commit|pt)$")
+        doomed: dict[int, list[str]] = {}
+        for key in self.store.list(f"{PREFIX}/"):
+            match = own.match(key)
+            if match and int(match.group(1)) > step:
+                doomed.setdefault(int(match.group(1)), []).append(key)
+        for keys in doomed.values():
+            for key in sorted(keys, key=lambda key: not key.endswith(".commit")):  # the commit goes first
+                self.store.delete(key)
+        return sorted(doomed)
+
     def prune(self, keep: int, *, protect: Sequence[int] = ()) -> list[int]:
         """Delete this rank's files of complete checkpoints older than the newest ``keep``; return the steps."""
         complete = self.committed_steps()
@@ -208,6 +229,18 @@ class AsyncCheckpointer:
         for target in [self.local, *self.peers]:
             target.prune(self.keep, protect=(step,))
         self.last_write_s = time.perf_counter() - started
+
+    def discard_after(self, step: int) -> list[int]:
+        """Before resuming from ``step``: delete this rank's files of later steps, locally and on every
+        peer that answers (see the module docstring); return the steps discarded locally."""
+        self.wait()
+        discarded = self.local.discard_after(step)
+        for peer in self.peers:
+            try:
+                peer.discard_after(step)
+            except StoreError as exc:  # an unreachable peer: the next save to it will tell
+                log.warning("checkpoint peer %s: could not discard steps after %d: %s", peer.store.url, step, exc)
+        return discarded
 
     def wait(self) -> None:
         """Block until every save so far is written; raise the first background failure."""

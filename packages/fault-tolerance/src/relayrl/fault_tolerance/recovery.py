@@ -45,8 +45,13 @@ def _readable(replica: CheckpointStore, step: int, rank: int) -> bool:
         return False
 
 
-def recover(local: CheckpointStore, peers: Sequence[CheckpointStore] = ()) -> Recovered | None:
-    """Load this rank's state from the newest complete, verified checkpoint; None if there is none."""
+def recover(local: CheckpointStore, peers: Sequence[CheckpointStore] = (), *,
+            at_most: int | None = None) -> Recovered | None:
+    """Load this rank's state from the newest complete, verified checkpoint; None if there is none.
+
+    ``at_most`` ignores newer steps: ranks that recovered different steps (each saw its own
+    replicas) agree on the oldest of them and recover again at most that step.
+    """
     replicas = [local, *peers]
     candidates: set[int] = set()
     for replica in replicas:
@@ -54,6 +59,8 @@ def recover(local: CheckpointStore, peers: Sequence[CheckpointStore] = ()) -> Re
             candidates.update(replica.committed_steps())
         except StoreError:
             continue  # an unreachable peer offers nothing
+    if at_most is not None:
+        candidates = {step for step in candidates if step <= at_most}
     for step in sorted(candidates, reverse=True):
         if not _verifies_somewhere(step, replicas, local.world_size):
             continue
