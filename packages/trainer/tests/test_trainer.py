@@ -164,3 +164,7 @@ def test_backend_registered_and_config_validated():
     assert load_config({"trainer": {"micro_batch_tokens": 64}}).trainer.micro_batch_tokens == 64
     with pytest.raises(ConfigError, match="trainer.backend: unknown trainer backend 'jax'"):
         load_config({"trainer": {"backend": "jax"}})
+    with pytest.raises(ConfigError, match="trainer.ranks: backend 'torch' trains in one process"):
+        load_config({"trainer": {"ranks": 2}})
+    with pytest.raises(ConfigError, match="trainer.ranks: must be at least 1"):
+        load_config({"trainer": {"ranks": 0}})

@@ -70,6 +70,7 @@ def main(stage: int, bf16: bool, muon: bool, out: str) -> None:
     ds_grads = {name: safe_get_full_grad(parameter) for name, parameter in trainer.model.named_parameters()}
     trainer.engine.step()
     published = dict(trainer.named_full_parameters())
+    full_state = dict(trainer.named_full_state())  # what relayrl run publishes: every state-dict name
     if dist.get_rank() == 0:
         reference = TorchTrainer(reference_model, algo=algo, config=TrainerSection(micro_batch_tokens=10**6))
         reference_metrics = reference.accumulate_gradients(groups)
@@ -81,7 +82,9 @@ def main(stage: int, bf16: bool, muon: bool, out: str) -> None:
                   "muon_parameters": sorted(muon_names), "optimizer": trainer.ds_config["optimizer"]["type"],
                   "changed_by_step": sorted(name for name in published
                                             if not torch.equal(published[name].float(), initial[name].float())),
-                  "published_finite": all(bool(torch.isfinite(t).all()) for t in published.values())}
+                  "published_finite": all(bool(torch.isfinite(t).all()) for t in published.values()),
+                  "full_state_names_ok": sorted(full_state) == sorted(reference_model.state_dict()),
+                  "full_state_matches": all(torch.equal(full_state[name], published[name]) for name in published)}
         for name, parameter in reference_model.named_parameters():
             if name in muon_names:
                 continue  # orthogonalised during reduction: not a raw gradient

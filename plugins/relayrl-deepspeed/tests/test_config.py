@@ -32,6 +32,8 @@ def test_section_registered_and_validated():
     config = load_config({"deepspeed": {"zero_stage": 3}, "trainer": {"backend": "deepspeed"},
                           "model": {"dtype": "bfloat16"}})
     assert config.deepspeed.zero_stage == 3
+    two_ranks = {"trainer": {"backend": "deepspeed", "ranks": 2}, "deepspeed": {"bf16": False}}
+    assert load_config(two_ranks).trainer.ranks == 2  # a data-parallel backend
     with pytest.raises(ConfigError, match="deepspeed.zero_stage: must be 1, 2 or 3"):
         load_config({"deepspeed": {"zero_stage": 4}})
 

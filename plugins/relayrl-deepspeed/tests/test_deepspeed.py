@@ -39,6 +39,7 @@ def test_fp32_gradients_match_the_torch_backend(tmp_path, stage):
     assert report["loss"] == pytest.approx(report["reference_loss"], rel=1e-5, abs=1e-6)
     assert report["max_grad_diff"] <= 1e-5 * max(1.0, report["max_grad"])
     assert report["published_shapes_ok"]
+    assert report["full_state_names_ok"] and report["full_state_matches"]  # tied names included, gathered whole
 
 
 @pytest.mark.parametrize("stage", [2, 3])

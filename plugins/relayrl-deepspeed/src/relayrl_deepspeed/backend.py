@@ -192,6 +192,22 @@ class DeepSpeedTrainer:
                                         load_lr_scheduler_states=True)
         self.version = int(state["version"])
 
+    def named_full_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The module's whole state dict, one tensor at a time, on CPU: what weight sync publishes.
+
+        Unlike :meth:`named_full_parameters` it keeps every name of a tied tensor (``lm_head.weight``
+        and ``model.embed_tokens.weight``) and persistent buffers, as ``model.state_dict()`` would on
+        a model that is not sharded. All ranks must iterate together (ZeRO-3 gathers collectively).
+        """
+        import deepspeed as ds_lib
+
+        for name, value in self.model.state_dict(keep_vars=True).items():
+            if self.zero_stage == 3 and hasattr(value, "ds_id"):  # a ZeRO-3 partitioned parameter
+                with ds_lib.zero.GatheredParameters([value], modifier_rank=None):
+                    yield name, value.detach().to("cpu", copy=True)
+            else:
+                yield name, value.detach().to("cpu", copy=True)
+
     def named_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Every parameter, whole, on CPU, one at a time (all ranks must iterate together).
 

@@ -13,6 +13,9 @@ def _deepspeed_trainer(model, *, run_config=None, **kwargs):
     return DeepSpeedTrainer(model, **kwargs)
 
 
+_deepspeed_trainer.data_parallel = True  # type: ignore[attr-defined]  # [trainer] ranks > 1 works with it
+
+
 @hookimpl
 def relayrl_trainer_backends():
     yield Registration("deepspeed", _deepspeed_trainer,

@@ -42,6 +42,10 @@ class TrainerSection(Section, kw_only=True):
     """Per-step checkpoints kept in ``<run_dir>/checkpoints`` (relayrl-fault-tolerance)."""
     checkpoint_peers: tuple[str, ...] = ()
     """Stores that receive a replica of every checkpoint (``relayrl-peer://host:port/prefix``, ``s3://...``)."""
+    ranks: int = 1
+    """Data-parallel trainer processes that ``relayrl run`` starts on this machine (rank 0 leads: it
+    reads the buffer, publishes, writes metrics). Above 1 the backend must train as one of several
+    ranks (``deepspeed``; its factory says so with ``data_parallel = True``)."""
     warmup: WarmupSection = WarmupSection()
 
     def check(self, pm: Any, path: str) -> None:
@@ -56,7 +60,12 @@ class TrainerSection(Section, kw_only=True):
         from relayrl.core.errors import PluginError
         from relayrl.core.plugins import lookup
 
+        if self.ranks < 1:
+            raise ConfigError(f"{path}.ranks: must be at least 1")
         try:
-            lookup(pm, "relayrl_trainer_backends", self.backend, kind="trainer backend")
+            record = lookup(pm, "relayrl_trainer_backends", self.backend, kind="trainer backend")
         except PluginError as exc:
             raise ConfigError(f"{path}.backend: {exc}") from None
+        if self.ranks > 1 and not getattr(record.factory, "data_parallel", False):
+            raise ConfigError(f"{path}.ranks: backend {self.backend!r} trains in one process; ranks > 1 needs a "
+                              f"data-parallel backend (deepspeed)")
