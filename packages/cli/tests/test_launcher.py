@@ -1,13 +1,15 @@
-"""The launcher's child-process handling: the READY handshake of engine servers."""
+"""The launcher's child-process handling: the READY handshake of engine servers, trainer ranks."""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 
 import pytest
 
-from relayrl.cli.run.launcher import Child, RunFailed
+from relayrl.cli.run.launcher import Child, RunFailed, TrainerRanks
 
 NOISY = ("import sys, time; print('INFO engine core starting'); print('INFO loading weights'); "
          "print('READY 4321', flush=True); print('INFO serving', flush=True); time.sleep(30)")
@@ -34,3 +36,58 @@ def test_read_ready_reports_a_child_that_exits_first(tmp_path):
     child.start(capture_stdout=True)
     with pytest.raises(RunFailed, match="exited with 3"):
         child.read_ready(30)
+
+
+# A stand-in trainer rank: prints its environment; rank 0 stops on SIGTERM like the leader, telling
+# the follower through a file (the real leader broadcasts "stop"); rank 1 exits with FOLLOWER_EXIT
+# after a moment when that is set, else once told to stop.
+RANK = """
+import os, pathlib, signal, sys, time
+rank, stop = int(os.environ["RANK"]), pathlib.Path(sys.argv[1])
+print(os.environ["RANK"], os.environ["WORLD_SIZE"], os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], flush=True)
+if rank == 0:
+    def on_term(*_):
+        stop.write_text("stop")
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    time.sleep(60)
+    sys.exit(1)
+if "FOLLOWER_EXIT" in os.environ:
+    time.sleep(0.5)
+    sys.exit(int(os.environ["FOLLOWER_EXIT"]))
+while not stop.exists():
+    time.sleep(0.05)
+"""
+
+
+def wait_for_status(group: TrainerRanks, timeout_s: float = 30) -> int:
+    deadline = time.monotonic() + timeout_s
+    while (status := group.poll()) is None:
+        assert time.monotonic() < deadline, "the group never ended"
+        time.sleep(0.05)
+    return status
+
+
+def test_trainer_ranks_die_together(tmp_path):
+    group = TrainerRanks([sys.executable, "-c", RANK, str(tmp_path / "stop")], tmp_path, 2,
+                         env={**os.environ, "FOLLOWER_EXIT": "3"})
+    group.start()
+    assert set(group.pids()) == {"trainer", "trainer-1"}
+    # One rank fails: the group reports its status and kills the leader (it would block in a collective).
+    assert wait_for_status(group) == 3
+    assert group.ranks[0].poll() == -signal.SIGKILL
+    group.wait(0)
+    lines = [(tmp_path / name).read_text().split() for name in ("trainer.log", "trainer-1.log")]
+    assert [line[:2] for line in lines] == [["0", "2"], ["1", "2"]] and lines[0][2:] == lines[1][2:]
+
+
+def test_trainer_ranks_stop_through_the_leader(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "FOLLOWER_EXIT"}
+    group = TrainerRanks([sys.executable, "-c", RANK, str(tmp_path / "stop")], tmp_path, 2, env=env)
+    group.start()
+    time.sleep(0.5)
+    assert group.poll() is None
+    group.terminate()  # SIGTERM to the leader only: the follower must end because the leader told it to
+    assert wait_for_status(group) == 0
+    assert [child.poll() for child in group.ranks] == [0, 0]
+    group.wait(10)

@@ -11,7 +11,8 @@ Supervision: an engine that dies is restarted on the same port and bootstraps it
 store (the router sees it down, then healthy again); a dead rollout process is restarted (its
 producer continues its segment sequence); a trainer that dies abnormally is restarted and resumes
 from its newest complete checkpoint. Each role has ``[rollout] max_restarts`` restarts. The run ends
-when the trainer exits cleanly (``[trainer] steps`` reached, or stopped).
+when the trainer exits cleanly (``[trainer] steps`` reached, or stopped). A trainer of ``[trainer]
+ranks`` > 1 is one process per rank, supervised as one (:class:`TrainerRanks`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from relayrl.cli.run.layout import RunLayout
 from relayrl.core.config import Config
 from relayrl.core.errors import RelayrlError
 
-__all__ = ["Child", "Launcher", "RunFailed"]
+__all__ = ["Child", "Launcher", "RunFailed", "TrainerRanks"]
 
 
 class RunFailed(RelayrlError):
@@ -118,6 +119,78 @@ class Child:
             self._log.close()
 
 
+class TrainerRanks:
+    """The trainer's ``[trainer] ranks`` processes, supervised as one (the ``Child`` interface).
+
+    Ranks run collectives together, so they live and die together: when one exits abnormally the
+    others are killed and the whole group is restarted (it resumes from the newest checkpoint
+    every rank committed). To stop, only the leader (rank 0) is asked: it finishes its step and
+    checkpoint, then tells the other ranks to stop. Each rank logs to ``trainer.log`` (rank 0) or
+    ``trainer-<rank>.log``.
+    """
+
+    name = "trainer"
+
+    def __init__(self, argv: list[str], logs: Path, world: int, env: dict[str, str]) -> None:
+        self.argv, self.logs, self.world, self.env = argv, logs, world, env
+        self.ranks: list[Child] = []
+        self.restarts = 0
+
+    @property
+    def log_path(self) -> Path:
+        return self.logs / "trainer.log"
+
+    @property
+    def process(self) -> subprocess.Popen[bytes] | None:
+        """The leader's process (None before :meth:`start`)."""
+        return self.ranks[0].process if self.ranks else None
+
+    def start(self) -> None:
+        port = _free_port()
+        for rank in range(self.world):
+            env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world),
+                       LOCAL_WORLD_SIZE=str(self.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+            name = "trainer" if rank == 0 else f"trainer-{rank}"
+            child = Child(name, self.argv, self.logs / f"{name}.log", env=env)
+            child.start()
+            self.ranks.append(child)
+
+    def pids(self) -> dict[str, int]:
+        return {child.name: child.process.pid for child in self.ranks
+                if child.process is not None and child.poll() is None}
+
+    def poll(self) -> int | None:
+        """None while the group runs; 0 once every rank exited cleanly; else the first failure's status."""
+        statuses = [child.poll() for child in self.ranks]
+        failed = [status for status in statuses if status not in (None, 0)]
+        if failed:
+            for child in self.ranks:
+                child.wait(0)  # kills the ranks still running: they would block in a collective
+            return failed[0]
+        if all(status == 0 for status in statuses):
+            return 0
+        return None
+
+    def terminate(self) -> None:
+        if self.ranks:
+            self.ranks[0].terminate()
+
+    def wait(self, timeout_s: float) -> None:
+        if not self.ranks:
+            return
+        self.ranks[0].wait(timeout_s)
+        for child in self.ranks[1:]:
+            child.wait(min(timeout_s, 30))  # they stop once the leader has told them to (or died)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class Launcher:
     """Runs one ``relayrl run`` (see the module docstring)."""
 
@@ -128,7 +201,7 @@ class Launcher:
         self.on_tick = on_tick
         self.python = python
         self.stopping = threading.Event()
-        self.trainer: Child | None = None
+        self.trainer: Child | TrainerRanks | None = None
         self.engines: list[Child] = []
         self.engine_ports: list[int] = []
         self.rollout: Child | None = None
@@ -141,9 +214,11 @@ class Launcher:
         env["PYTHONUNBUFFERED"] = "1"
         return env
 
-    def _trainer_child(self) -> Child:
-        return Child("trainer", [self.python, "-m", "relayrl.cli.run.trainer_process", str(self.layout.root)],
-                     self.layout.logs / "trainer.log", env=self._env())
+    def _trainer_child(self) -> Child | TrainerRanks:
+        argv = [self.python, "-m", "relayrl.cli.run.trainer_process", str(self.layout.root)]
+        if self.config.trainer.ranks > 1:
+            return TrainerRanks(argv, self.layout.logs, self.config.trainer.ranks, env=self._env())
+        return Child("trainer", argv, self.layout.logs / "trainer.log", env=self._env())
 
     def _engine_child(self, index: int, port: int = 0) -> Child:
         section = self.config.rollout
@@ -178,9 +253,13 @@ class Launcher:
 
     def _write_pids(self) -> None:
         """``status/launcher.json``: the pid of every live child (for operators, and the fault tests)."""
-        children = [self.trainer, *self.engines, self.rollout]
+        children = [*self.engines, self.rollout]
         pids = {child.name: child.process.pid for child in children
                 if child is not None and child.process is not None and child.poll() is None}
+        if isinstance(self.trainer, TrainerRanks):
+            pids.update(self.trainer.pids())
+        elif self.trainer is not None and self.trainer.process is not None and self.trainer.poll() is None:
+            pids["trainer"] = self.trainer.process.pid
         if pids != self._pids:
             self._pids = pids
             self.layout.write_status("launcher", {"pid": os.getpid(), "children": pids})

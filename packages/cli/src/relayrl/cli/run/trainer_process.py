@@ -17,6 +17,10 @@ Each step:
    background; append the step's metrics; write ``progress`` (the fleet's back-pressure signal).
 
 SIGTERM or SIGINT ends the run after the current step, with its checkpoint written.
+
+With ``[trainer] ranks`` > 1 the launcher starts one such process per data-parallel rank (a backend
+that trains as one of several ranks, e.g. DeepSpeed ZeRO); rank 0 leads and the others follow its
+decisions (see :mod:`relayrl.cli.run.ranks`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from relayrl.buffer import Buffer
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
 from relayrl.cli.run.ledger import LedgerWriter
+from relayrl.cli.run.ranks import Decision, Ranks
 from relayrl.core.config import Config
 from relayrl.core.plugins import get_plugin_manager, lookup
 from relayrl.core.store import open_store
@@ -55,10 +60,11 @@ __all__ = ["TrainerProcess", "main"]
 class TrainerProcess:
     """The trainer side of a run (see the module docstring)."""
 
-    def __init__(self, layout: RunLayout, config: Config, *, pm: Any = None) -> None:
+    def __init__(self, layout: RunLayout, config: Config, *, pm: Any = None, ranks: Ranks | None = None) -> None:
         self.layout = layout
         self.config = config
         self.pm = pm
+        self.ranks = ranks or Ranks()
         self.stop = threading.Event()
         self.bus = layout.bus(config)
         self.consumed: Counter[str] = Counter()
@@ -67,6 +73,7 @@ class TrainerProcess:
         self._fleet_reward: float | None = None
         self._drained: Counter[str] = Counter()
         self._drained_refs: list[tuple[str, str]] = []
+        self._batch: Any = None  # the leader's batch behind the current "train" decision
 
     # ------------------------------------------------------------------ start-up
     def _build(self) -> None:
@@ -78,18 +85,23 @@ class TrainerProcess:
             if config.trainer.threads:
                 torch.set_num_threads(config.trainer.threads)
         self.environment = build_environment(config.rollout, sandbox=config.sandbox, pm=self.pm)
+        if not self.ranks.leader:
+            self.ranks.barrier()  # the leader writes a fresh model directory first
         model_dir = materialize_model(config.model, self.layout.model_dir,
                                       alphabet=getattr(self.environment, "alphabet", None), seed=config.run.seed)
+        if self.ranks.leader:
+            self.ranks.barrier()
         self.tokenizer = load_tokenizer(model_dir)
         self.chat = make_chat_format(config.model, self.tokenizer)
         self.model = load_model(model_dir, dtype=config.model.dtype)
-        self.buffer = Buffer(self.bus, config.buffer, pm=self.pm)
-        self.monitors = build_monitors(config.algo, pm=self.pm)
         peers = [open_store(url) for url in config.trainer.checkpoint_peers]
-        self.checkpointer = AsyncCheckpointer(self.layout.checkpoint_store(), peers=peers,
-                                              keep=config.trainer.checkpoint_keep)
-        self.metrics = MetricsWriter(self.layout.root)
-        self.ledger = LedgerWriter(self.layout.root)
+        self.checkpointer = AsyncCheckpointer(self.layout.checkpoint_store(), peers=peers, rank=self.ranks.rank,
+                                              world_size=self.ranks.world, keep=config.trainer.checkpoint_keep)
+        if self.ranks.leader:  # only the leader talks to the bus and writes the run's records
+            self.buffer = Buffer(self.bus, config.buffer, pm=self.pm)
+            self.monitors = build_monitors(config.algo, pm=self.pm)
+            self.metrics = MetricsWriter(self.layout.root)
+            self.ledger = LedgerWriter(self.layout.root)
 
     def _new_trainer(self, version: int) -> Any:
         factory = lookup(self.pm, "relayrl_trainer_backends", self.config.trainer.backend, kind="trainer backend").factory
@@ -119,52 +131,110 @@ class TrainerProcess:
                     f"{losses[0]:.3f} -> {losses[-1]:.3f} in {time.monotonic() - started:.1f} s",
                     data={"steps": section.steps, "first_loss": losses[0], "last_loss": losses[-1]})
 
-    def _restore_or_start(self) -> None:
+    def _recover(self) -> Any:
         recovered = recover(self.checkpointer.local, self.checkpointer.peers)
+        if self.ranks.world > 1:
+            # Every rank must resume the same step; one that saw an older checkpoint decides.
+            found = recovered.step if recovered is not None else 0
+            agreed = self.ranks.agree_on_min(found)
+            if agreed != found:
+                recovered = recover(self.checkpointer.local, self.checkpointer.peers, at_most=agreed)
+            if (recovered.step if recovered is not None else 0) != agreed:
+                raise SystemExit(f"rank {self.ranks.rank}: no checkpoint of step {agreed}, which another rank resumes")
+        # The steps after this one are redone: this rank's files of them (a step not every rank committed,
+        # or one that no longer verifies) would block their commits.
+        self.checkpointer.discard_after(recovered.step if recovered is not None else 0)
+        return recovered
+
+    def _restore_or_start(self) -> None:
+        recovered = self._recover()
         if recovered is None:
-            self._warmup()
+            if self.ranks.leader:
+                self._warmup()
+            self.ranks.broadcast_module(self.model)  # every rank starts from the leader's weights
             # Version 1 is the model the fleet starts from (after the warm-up); RL steps count on from it.
             self.trainer = self._new_trainer(version=1)
             return
         state = recovered.state
         self.trainer = self._new_trainer(version=int(state["trainer"]["version"]))
         self.trainer.load_state_dict(state["trainer"])
+        set_rng_state(state["rng"])
+        self.step = int(state["step"])
+        if not self.ranks.leader:
+            return
         self.buffer.restore(state["buffer"])
         self.monitors.restore(state["monitors"])
-        set_rng_state(state["rng"])
         self.consumed = Counter(state["consumed"])
-        self.step = int(state["step"])
         write_event(self.layout, "trainer", "resumed", f"resumed from the checkpoint of step {self.step} "
                     f"({recovered.source})", data={"step": self.step})
 
+    def _weights(self) -> dict[str, torch.Tensor] | None:
+        """The whole model to publish, on the leader (None elsewhere); every rank must call it.
+
+        A sharded backend gathers tensor by tensor (``named_full_state``, collective under ZeRO-3);
+        otherwise the model's own state dict holds every tensor.
+        """
+        full_state = getattr(self.trainer, "named_full_state", None)
+        if full_state is None:
+            return self.trainer.model.state_dict() if self.ranks.leader else None
+        tensors = {}
+        for name, tensor in full_state():
+            if self.ranks.leader:
+                tensors[name] = tensor
+        return tensors if self.ranks.leader else None
+
     def _publish_initial(self) -> None:
-        self.publisher = Publisher.from_config(self.bus, self.config.weight_sync)
-        # Versions newer than this checkpoint may exist (published after it): continue above them.
-        self.trainer.version = max(self.trainer.version, self.publisher.next_version)
-        self.publisher.publish(self.trainer.model.state_dict(), step=self.step, version=self.trainer.version).result()
-        write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
+        version = None
+        if self.ranks.leader:
+            self.publisher = Publisher.from_config(self.bus, self.config.weight_sync)
+            # Versions newer than this checkpoint may exist (published after it): continue above them.
+            version = max(self.trainer.version, self.publisher.next_version)
+        self.trainer.version = self.ranks.broadcast(version)
+        weights = self._weights()
+        if self.ranks.leader:
+            self.publisher.publish(weights, step=self.step, version=self.trainer.version).result()
+            write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
+        self.ranks.init()
         self._build()
-        self.layout.write_status("trainer", {"phase": "starting"})
+        leader = self.ranks.leader
+        if leader:
+            self.layout.write_status("trainer", {"phase": "starting"})
         self._restore_or_start()
         self._publish_initial()
         total = self.config.trainer.steps
-        self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": total})
+        if leader:
+            self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": total})
         try:
-            while not self.stop.is_set() and (total == 0 or self.step < total):
-                batch = self.buffer.wait_for_batch(self.trainer.version, timeout_s=0.5)
-                if batch is None:
-                    self._resolve_drops()
-                    continue
-                self._train_on(batch)
+            while True:
+                decision = self.ranks.broadcast_decision(self._decide(total) if leader else None)
+                if decision.kind == "stop":
+                    break
+                if decision.kind == "train":
+                    self._train_on(decision)
         finally:
             self._close()
-        finished = total and self.step >= total
-        self.layout.write_status("trainer", {"phase": "finished" if finished else "stopped", "step": self.step,
-                                             "steps": total})
+        if leader:
+            finished = total and self.step >= total
+            self.layout.write_status("trainer", {"phase": "finished" if finished else "stopped", "step": self.step,
+                                                 "steps": total})
+        self.ranks.close()
         return 0
+
+    def _decide(self, total: int) -> Decision:
+        """The leader's next move: stop, train on the next batch, or wait (settling stale groups)."""
+        if self.stop.is_set() or (total and self.step >= total):
+            return Decision("stop")
+        batch = self.buffer.wait_for_batch(self.trainer.version, timeout_s=0.5)
+        if batch is None:
+            self._resolve_drops()
+            return Decision("wait")
+        self._batch = batch
+        weights = [item.weight for item in batch.groups]  # < 1 for groups the buffer down-weighted (stale)
+        return Decision("train", [item.group for item in batch.groups],
+                        None if all(weight == 1.0 for weight in weights) else weights)
 
     def _resolve_drops(self) -> None:
         """No batch yet: settle groups that will never be trained (too stale), so the fleet, held back
@@ -177,22 +247,30 @@ class TrainerProcess:
         if drops:
             write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
 
-    def _train_on(self, batch: Any) -> None:
+    def _train_on(self, decision: Decision) -> None:
+        """One step on every rank: the optimiser step, publishing and the checkpoint shard are collective;
+        the leader alone keeps the books (consumed counts, metrics, ledger, progress, status)."""
         started = time.monotonic()
-        groups = [item.group for item in batch.groups]
+        groups = decision.groups
+        metrics = self.trainer.step(groups, weights=decision.weights)
+        self.step += 1
+        publish = self.step % self.config.weight_sync.publish_every_steps == 0
+        weights = self._weights() if publish else None
+        if not self.ranks.leader:
+            self.checkpointer.save(self.step, {"step": self.step, "trainer": self.trainer.state_dict(),
+                                               "rng": rng_state()})
+            return
+        batch, self._batch = self._batch, None
         for ref in [item.ref for item in batch.groups] + [item.ref for item in batch.dropped]:
             self.consumed[ref.producer_id] += 1
-        weights = [item.weight for item in batch.groups]  # < 1 for groups the buffer down-weighted (stale)
-        metrics = self.trainer.step(groups, weights=None if all(w == 1.0 for w in weights) else weights)
-        self.step += 1
         metrics.update(batch.metrics.as_dict())
         for reason, count in self._drained.items():  # dropped while waiting for this batch
             name = f"buffer/dropped/{reason}"
             metrics[name] = metrics.get(name, 0.0) + count
         self._drained.clear()
         metrics.update(self._fleet_metrics())
-        if self.step % self.config.weight_sync.publish_every_steps == 0:
-            self.publisher.publish(self.trainer.model.state_dict(), step=self.step, version=self.trainer.version)
+        if publish:
+            self.publisher.publish(weights, step=self.step, version=self.trainer.version)
         report = self.publisher.last_report
         if report is not None:
             metrics.update({"weight_sync/publish_s": report.copy_s + report.encode_s + report.upload_s + report.commit_s,
@@ -242,10 +320,10 @@ class TrainerProcess:
         return metrics
 
     def _close(self) -> None:
-        for close in (self.checkpointer.close, getattr(getattr(self, "publisher", None), "close", None),
-                      self.metrics.close, self.ledger.close, self.buffer.close):
-            if close is not None:
-                close()
+        for name in ("checkpointer", "publisher", "metrics", "ledger", "buffer"):  # the leader holds them all
+            part = getattr(self, name, None)
+            if part is not None:
+                part.close()
 
 
 def _prefixed(metrics: dict[str, Any]) -> dict[str, float]:
@@ -259,9 +337,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     pm = get_plugin_manager()
     layout = RunLayout(argv[0])
-    process = TrainerProcess(layout, layout.load_config(pm=pm), pm=pm)
+    ranks = Ranks.from_env()
+    process = TrainerProcess(layout, layout.load_config(pm=pm), pm=pm, ranks=ranks)
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: process.stop.set())
+        # Only the leader decides to stop (after its step and checkpoint); the other ranks follow it.
+        signal.signal(signum, (lambda *_: process.stop.set()) if ranks.leader else signal.SIG_IGN)
     return process.run()
 
 
