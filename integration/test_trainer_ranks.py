@@ -63,6 +63,7 @@ def test_two_zero3_ranks_survive_the_loss_of_one(tmp_path):
     events = load_events(run_dir)
     restarts = [event for event in events if event.kind == "restart"]
     assert [event.data["process"] for event in restarts] == ["trainer"], restarts
+    assert "process trainer-1" in restarts[0].message  # which rank died
     assert sum(event.kind == "resumed" for event in events) == 1
     assert (run_dir / "logs" / "trainer-1.log").exists()
 

@@ -74,7 +74,7 @@ def test_trainer_ranks_die_together(tmp_path):
     group.start()
     assert set(group.pids()) == {"trainer", "trainer-1"}
     # One rank fails: the group reports its status and kills the leader (it would block in a collective).
-    assert wait_for_status(group) == 3
+    assert wait_for_status(group) == 3 and group.failed == "trainer-1"
     assert group.ranks[0].poll() == -signal.SIGKILL
     group.wait(0)
     lines = [(tmp_path / name).read_text().split() for name in ("trainer.log", "trainer-1.log")]

@@ -135,6 +135,8 @@ class TrainerRanks:
         self.argv, self.logs, self.world, self.env = argv, logs, world, env
         self.ranks: list[Child] = []
         self.restarts = 0
+        self.failed: str | None = None
+        """The rank process whose exit ended the group (``trainer-1``), for the restart event."""
 
     @property
     def log_path(self) -> Path:
@@ -162,11 +164,12 @@ class TrainerRanks:
     def poll(self) -> int | None:
         """None while the group runs; 0 once every rank exited cleanly; else the first failure's status."""
         statuses = [child.poll() for child in self.ranks]
-        failed = [status for status in statuses if status not in (None, 0)]
+        failed = [(child.name, status) for child, status in zip(self.ranks, statuses) if status not in (None, 0)]
         if failed:
             for child in self.ranks:
                 child.wait(0)  # kills the ranks still running: they would block in a collective
-            return failed[0]
+            self.failed = failed[0][0]
+            return failed[0][1]
         if all(status == 0 for status in statuses):
             return 0
         return None
@@ -324,11 +327,14 @@ class Launcher:
         child, _ = self._start_engine(index, self.engine_ports[index])  # same port: the router finds it again
         return child
 
-    def _restart(self, child: Child, limit: int, make: Callable[[], Child]) -> Child:
+    def _restart(self, child: Any, limit: int, make: Callable[[], Any]) -> Any:
         status = child.poll()
         if child.restarts >= limit:
             raise RunFailed(f"{child.name} died (exit {status}) after {child.restarts} restarts; see {child.log_path}")
-        write_event(self.layout, "launcher", "restart", f"{child.name} died (exit {status}); restarting",
+        what = child.name
+        if isinstance(child, TrainerRanks) and child.failed is not None:
+            what = f"{child.name} (process {child.failed}; every rank restarts)"
+        write_event(self.layout, "launcher", "restart", f"{what} died (exit {status}); restarting",
                     level="warning", data={"process": child.name, "exit": status, "restarts": child.restarts + 1})
         child.wait(0)
         fresh = make()
