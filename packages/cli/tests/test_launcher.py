@@ -76,6 +76,7 @@ def test_trainer_ranks_die_together(tmp_path):
     # One rank fails: the group reports its status and kills the leader (it would block in a collective).
     assert wait_for_status(group) == 3 and group.failed == "trainer-1"
     assert group.ranks[0].poll() == -signal.SIGKILL
+    assert group.poll() == 3 and group.failed == "trainer-1"  # asked again: still the rank that failed
     group.wait(0)
     lines = [(tmp_path / name).read_text().split() for name in ("trainer.log", "trainer-1.log")]
     assert [line[:2] for line in lines] == [["0", "2"], ["1", "2"]] and lines[0][2:] == lines[1][2:]

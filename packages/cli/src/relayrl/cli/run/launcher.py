@@ -137,6 +137,7 @@ class TrainerRanks:
         self.restarts = 0
         self.failed: str | None = None
         """The rank process whose exit ended the group (``trainer-1``), for the restart event."""
+        self._failure: int | None = None
 
     @property
     def log_path(self) -> Path:
@@ -163,13 +164,15 @@ class TrainerRanks:
 
     def poll(self) -> int | None:
         """None while the group runs; 0 once every rank exited cleanly; else the first failure's status."""
+        if self._failure is not None:  # the ranks killed below must not be reported as the failure
+            return self._failure
         statuses = [child.poll() for child in self.ranks]
         failed = [(child.name, status) for child, status in zip(self.ranks, statuses) if status not in (None, 0)]
         if failed:
             for child in self.ranks:
                 child.wait(0)  # kills the ranks still running: they would block in a collective
-            self.failed = failed[0][0]
-            return failed[0][1]
+            self.failed, self._failure = failed[0]
+            return self._failure
         if all(status == 0 for status in statuses):
             return 0
         return None
