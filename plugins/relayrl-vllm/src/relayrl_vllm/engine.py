@@ -97,6 +97,7 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
             # and the trainer's replay (in the checkpoint's dtype) would no longer match.
             dtype = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "auto")
             dtype = dtype.removeprefix("torch.")
+        self.dtype = dtype
         self._version = version
         self._paused = False
         self._active: dict[str, _Active] = {}
@@ -292,12 +293,12 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
         self.cache_resets += 1
 
     def weight_sync_adapter(self) -> Any:
-        """A :class:`ShadowAdapter` over a CPU copy of the checkpoint (names and dtype as published)."""
+        """A :class:`ShadowAdapter` over a CPU copy of the checkpoint in the served dtype (as published)."""
         from transformers import AutoModelForCausalLM
 
         from relayrl.rollout.weights import ShadowAdapter
 
-        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype="auto", local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype, local_files_only=True)
         # Every update is pushed whole: vLLM's loaders fuse tensors (q, k, v) and cannot take part of a group.
         return ShadowAdapter(self, model.state_dict(), push="all")
 

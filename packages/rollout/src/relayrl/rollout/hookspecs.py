@@ -14,7 +14,10 @@ def relayrl_rollout_engines() -> Iterable[Registration[Any]]:
 
     ``factory(model: str, **options)`` returns an engine serving the model directory ``model``:
     an :class:`relayrl.rollout.protocol.InferenceEngine` that, to take weight updates in place, is
-    also a :class:`relayrl.rollout.protocol.WeightSyncTarget`. It must pass
+    also a :class:`relayrl.rollout.protocol.WeightSyncTarget`. Options every engine takes:
+    ``engine_id``, ``version``, ``max_batch``, ``seed`` and ``dtype`` (``"float32"``, ``"bfloat16"``:
+    the run's ``model.dtype``, which the trainer publishes in; weight sync is bit-exact, so the
+    engine must serve exactly that dtype; absent: the engine's default). It must pass
     ``relayrl.rollout.testing.EngineTests``. Built in: ``torch``.
     """
 

@@ -236,6 +236,7 @@ class Launcher:
                 "--poll-interval", str(self.config.weight_sync.poll_interval_s),
                 "--wait-for-weights", str(section.start_timeout_s),
                 "--engine", section.engine, "--engine-options", json.dumps(dict(section.engine_options)),
+                "--dtype", self.config.model.dtype,  # what the trainer publishes: weight sync is bit-exact
                 # Routers whose engines register themselves (Dynamo) get each engine registered.
                 "--router", section.router, "--router-options", json.dumps(dict(section.router_options)),
                 "--deployment", str(self.layout.root)]

@@ -112,8 +112,10 @@ async def in_process_engines(layout: RunLayout, config: Config, *, pm: Any = Non
     bus = layout.bus(config)
     engines = []
     for index in range(section.engines):
+        # dtype: what the trainer publishes (model.dtype); weight sync is bit-exact.
+        options = {"dtype": config.model.dtype, **section.engine_options}
         engine = factory(str(layout.model_path(config)), engine_id=f"engine-{index}", version=0,
-                         max_batch=section.max_batch, seed=config.run.seed + index, **section.engine_options)
+                         max_batch=section.max_batch, seed=config.run.seed + index, **options)
         start_controller(engine, bus, prefix=config.weight_sync.prefix,
                          poll_interval_s=config.weight_sync.poll_interval_s)
         engines.append(engine)

@@ -175,8 +175,11 @@ def _build_engine(args: argparse.Namespace) -> tuple[InferenceEngine, Any]:
     from relayrl.core.plugins import get_plugin_manager, lookup
 
     factory = lookup(get_plugin_manager(), "relayrl_rollout_engines", args.engine, kind="engine").factory
+    options = json.loads(args.engine_options)
+    if args.dtype:
+        options.setdefault("dtype", args.dtype)
     engine = factory(args.model, engine_id=args.engine_id, version=args.version, max_batch=args.max_batch,
-                     seed=args.seed, **json.loads(args.engine_options))
+                     seed=args.seed, **options)
     tokenizer = None
     try:
         from transformers import AutoTokenizer
@@ -245,6 +248,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, help="local model directory (config + safetensors)")
     parser.add_argument("--engine", default="torch", help="engine backend (relayrl_rollout_engines): torch, vllm, ...")
     parser.add_argument("--engine-options", default="{}", metavar="JSON", help="more keyword arguments of the engine")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                        help="dtype to serve (relayrl run: model.dtype, what the trainer publishes)")
     parser.add_argument("--router", default="", help="also register with this router, if its engines register "
                                                      "themselves (e.g. dynamo)")
     parser.add_argument("--router-options", default="{}", metavar="JSON", help="options of --router")

@@ -82,10 +82,12 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_pretrained(cls, path: str, *, dtype: torch.dtype = torch.float32, **kwargs: Any) -> TorchEngine:
-        """Load a causal LM from a local directory (safetensors or torch weights); no downloads."""
+    def from_pretrained(cls, path: str, *, dtype: torch.dtype | str = torch.float32, **kwargs: Any) -> TorchEngine:
+        """Load a causal LM from a local directory (safetensors or torch weights) in ``dtype``; no downloads."""
         from transformers import AutoModelForCausalLM
 
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
         return cls(model, **kwargs)
 
