@@ -26,8 +26,8 @@ class DeepSpeedSection(Section, kw_only=True):
             raise ConfigError(f"{path}.zero_stage: must be 1, 2 or 3, got {self.zero_stage}")
 
     def check_with(self, config: Any, pm: Any, path: str) -> None:
-        # Weight sync is bit-exact: engines serve the model directory's dtype and accept only that, so
-        # a bf16 trainer can only publish to bf16 engines.
+        # Weight sync is bit-exact: engines serve model.dtype and accept only that, so a bf16 trainer can
+        # only publish to engines serving bf16.
         trainer, model = getattr(config, "trainer", None), getattr(config, "model", None)
         if getattr(trainer, "backend", None) != "deepspeed" or model is None or not self.bf16:
             return

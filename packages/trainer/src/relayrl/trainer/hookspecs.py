@@ -16,13 +16,13 @@ def relayrl_trainer_backends() -> Iterable[Registration[Any]]:
     -> metrics`` (``weights``: one per group, scaling its advantages)
     (one optimiser step over a batch of scored groups), ``accumulate_gradients(groups)``,
     ``version`` (the policy version of its weights), ``model`` and ``optimizer``. A sharded backend
-    (DeepSpeed ZeRO) also yields its parameters tensor by tensor for publishing, gathering shards
-    one tensor at a time. ``run_config`` is the whole run configuration when there is one (``relayrl
-    run``): a backend takes its own section from it (``[deepspeed]``). Built in: ``torch``.
+    (DeepSpeed ZeRO) also has ``named_full_state()``: the whole model's state dict, tensor by tensor,
+    for publishing (gathering shards one tensor at a time; all ranks iterate together); without it,
+    ``model.state_dict()`` is published. ``run_config`` is the whole run configuration when there is
+    one (``relayrl run``): a backend takes its own section from it (``[deepspeed]``). Built in: ``torch``.
 
     A backend that trains as one of several data-parallel ranks sets ``factory.data_parallel =
     True``: under ``[trainer] ranks`` > 1 it is built in every rank's process, with torch.distributed
-    already initialised, and every rank passes it the same groups. Its ``state_dict()`` is then this
-    rank's checkpoint shard, and ``named_full_state()`` (when present) yields the whole model's
-    state dict tensor by tensor for publishing, all ranks iterating together.
+    already initialised, and every rank passes it the same groups; its ``state_dict()`` is then this
+    rank's checkpoint shard.
     """
