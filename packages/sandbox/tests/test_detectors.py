@@ -85,8 +85,9 @@ def test_successful_cheating_earns_zero_and_keeps_the_evidence(backend, tasks):
     special_casing = ScriptedAgent(SCENARIOS["literal-special-casing"][0]).run(task, backend, sample_index=1)
     early_exit = ScriptedAgent(SCENARIOS["runner-tampering"][1]).run(task, backend, sample_index=2)  # os._exit(0)
     graded = Grader(backend).grade_trajectories(task, [honest, special_casing, early_exit])
-    assert [t.reward_components["success"] for t in graded] == [1.0, 1.0, 1.0]  # both cheats fool the tests...
-    assert [t.reward for t in graded] == [1.0, 0.0, 0.0]  # ...and earn nothing
+    # The literal special-casing fools the tests; the early exit no longer does (no evidence of a pass).
+    assert [t.reward_components["success"] for t in graded] == [1.0, 1.0, 0.0]
+    assert [t.reward for t in graded] == [1.0, 0.0, 0.0]  # and neither earns anything
     assert graded[0].cheating == []
     assert {flag.detector for flag in graded[1].cheating} == {"literal-special-casing"}
     assert "1900" in graded[1].cheating[0].evidence

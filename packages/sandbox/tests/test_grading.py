@@ -1,4 +1,4 @@
-"""The grader: hidden tests only in the grading sandbox, pristine copies, one sandbox per group."""
+"""The grader: hidden tests only in the grading sandbox, pristine copies, a sandbox per answer, evidence."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ def test_honest_agent_is_rewarded_and_empty_answer_is_not(backend, tasks):
     trajectory, diff = ScriptedAgent(FIX_MEDIAN).run(task, backend)
     assert "OK" in trajectory.segments[0].turns[-1].tool_results[1].output  # visible tests pass in the sandbox
     gold, empty = Grader(backend).grade_group(task, [diff, ""])
-    assert (gold.reward, gold.passed, gold.applied) == (1.0, True, True)
-    assert (empty.reward, empty.passed) == (0.0, False) and "FAILED" in empty.output
+    assert (gold.reward, gold.passed, gold.applied, gold.verdict) == (1.0, True, True, "evidence")
+    assert (gold.tests_passed, gold.tests_expected) == (3, 3)
+    assert (empty.reward, empty.passed, empty.tests_passed) == (0.0, False, 1)
+    assert "test_even: failed: AssertionError: 3 != 2.5" in empty.output
 
 
 def test_the_agent_workspace_holds_no_hidden_tests_history_or_reference_artifacts(backend, tasks):
@@ -52,7 +54,8 @@ def test_an_answer_cannot_rewrite_the_hidden_tests_while_graded(backend, tasks):
     cheat = [[call("write_file", path="stats/__init__.py", content=tamper)]]
     _, diff = ScriptedAgent(cheat).run(task, backend)
     report = Grader(backend).grade(task, diff)
-    assert report.applied and report.reward == 0.0 and "FAILED" in report.output
+    assert report.applied and report.reward == 0.0 and report.tests_passed < report.tests_expected
+    assert [flag.detector for flag in report.flags] == ["test-edits"] and "test_grading.py" in report.flags[0].evidence
 
 
 def test_answers_in_one_group_do_not_see_each_other(backend, tasks):
@@ -63,7 +66,7 @@ def test_answers_in_one_group_do_not_see_each_other(backend, tasks):
                    content="import os\nassert not os.path.exists('stats/leftover.txt')\n")]]
     _, second = ScriptedAgent(probe).run(task, backend)
     task_probe = task.__class__(**{**{f: getattr(task, f) for f in task.__struct_fields__},
-                                   "grading_command": "python3 stats/probe.py"})
+                                   "grading_command": "python3 stats/probe.py", "hidden_tests": ""})
     reports = Grader(backend).grade_group(task_probe, [first, second])
     assert reports[1].passed, reports[1].output
 

@@ -7,7 +7,7 @@ import pytest
 from relayrl.core.plugins import create_plugin_manager
 from relayrl.sandbox.api import SandboxUnavailable
 from relayrl.sandbox.config import SandboxSection, backends, open_backend
-from relayrl.sandbox.testing import SandboxTests
+from relayrl.sandbox.testing import GraderTests, SandboxTests
 from relayrl_bwrap.backend import BwrapBackend, probe_bwrap
 from relayrl_bwrap.plugin import NAME
 
@@ -50,3 +50,9 @@ def test_refuses_to_start_without_bwrap(monkeypatch):
     monkeypatch.setattr("relayrl_bwrap.backend.probe_bwrap", lambda as_other_uid: (False, "bwrap is not installed"))
     with pytest.raises(SandboxUnavailable, match="bwrap is not installed"):
         BwrapBackend(require=["network-none"])
+
+
+class TestBwrapBackendGrading(GraderTests):
+    @pytest.fixture
+    def backend(self):
+        return _backend(limits=GraderTests.limits, require=[])

@@ -3,7 +3,8 @@
 :class:`SandboxEnvironment` connects the agent loop and the rollout manager to relayrl-sandbox:
 
 * ``tools(task)``: for one trajectory, prepare the task's workspace (history replaced, reference
-  artifacts stripped), create a sandbox from it with the task's hidden tests hidden, and yield a
+  artifacts stripped), create a sandbox from it with the task's source and hidden tests masked
+  (:func:`relayrl.sandbox.workspace.task_private_paths`, the grader's rule too), and yield a
   :class:`relayrl.sandbox.ToolBox` (the agent loop's ``ToolExecutor``). ``final_answer()`` on it
   returns the diff from the pristine workspace to the sandbox's, computed on the host; the sandbox
   is closed when the trajectory ends.
@@ -42,12 +43,13 @@ class SandboxEnvironment:
     @contextlib.asynccontextmanager
     async def tools(self, task: TaskSpec) -> AsyncIterator[Any]:
         from relayrl.sandbox import ToolBox, prepare_workspace, workspace_diff
+        from relayrl.sandbox.workspace import task_private_paths
 
         with tempfile.TemporaryDirectory(prefix="relayrl-task-") as temp:
             pristine = Path(temp) / "workspace"
             await asyncio.to_thread(prepare_workspace, task, pristine, reference_globs=self.section.reference_globs)
-            hidden = [task.hidden_tests] if task.hidden_tests else []
-            sandbox = await asyncio.to_thread(self.backend.create, pristine, hide=hidden)
+            # The task's whole source (gold patch, originals, hidden tests) is masked, as in the grader.
+            sandbox = await asyncio.to_thread(self.backend.create, pristine, hide=task_private_paths(task))
             try:
                 toolbox = ToolBox.from_section(sandbox, self.section)
                 toolbox.final_answer = lambda: workspace_diff(pristine, sandbox.workdir)  # type: ignore[attr-defined]

@@ -1,20 +1,26 @@
-"""The grader: applies an answer to a fresh pristine copy in its own sandbox, which alone holds the tests.
+"""The grader: applies an answer to a fresh pristine copy in a sandbox of its own, which alone runs the tests.
 
 The agent's sandbox never contains hidden tests or grader code; the agent hands in a diff
-(:func:`relayrl.sandbox.workspace.workspace_diff`), nothing else. For a group of answers to one
-task, one grading sandbox is created and each answer is graded in turn in it:
+(:func:`relayrl.sandbox.workspace.workspace_diff`), nothing else. Each answer is graded **as if
+alone**, in a new grading sandbox (fresh workspace, ``/tmp``, ``/var/tmp``, ``/dev/shm``, ``HOME``,
+IPC objects, processes), with the task's whole folder and the backend's hidden paths masked:
 
-1. the host replaces ``run/`` with a copy of the pristine tree owned by the sandbox's uid, then
-   copies the hidden tests in, **root-owned** with root-owned directories, so the answer's code
-   cannot edit, delete or add files next to them;
-2. one command applies the diff (``git apply``; a diff touching the tests fails here) and runs the
-   task's grading command. Every command kills its whole process tree when it returns, so nothing
-   an answer started is alive while the next answer is graded.
+1. the host copies the pristine tree into ``run/`` (owned by the sandbox's uid) and places the
+   hidden tests' *other* files (data, helpers) there root-owned in root-owned directories;
+2. one command applies the diff (``git apply``; a diff touching the tests fails here) and then runs
+   the verdict:
 
-Reward is 1.0 when the grading command exits 0, else 0.0; exploit detectors then set it to 0 for
-any cheating attempt (:meth:`Grader.grade_trajectories`). Creating one sandbox per group rather
-than per answer is the batching the budget asks for (ENVIRONMENT.md: a sandbox per sample costs
-more than the model); the per-answer commands are the isolation unit.
+   * **evidence** (tasks whose hidden tests include Python test modules): the grading runner
+     (:mod:`relayrl.sandbox.grading_runner`) gets the hidden test modules' source, the inventory of
+     expected tests and a per-answer key on stdin (the modules never touch the sandbox's disk), runs
+     every expected test and reports signed records; :func:`relayrl.sandbox.evidence.verify_records`
+     pays 1.0 only when every expected test ran once and passed and nothing was flagged;
+   * **exit-status** (other tasks): reward 1.0 when the task's grading command exits 0. Weaker:
+     an answer that can make the command exit 0 is paid; prefer hidden tests the runner can load.
+
+Exploit detectors then set the reward to 0 for any cheating attempt, the runner's runtime flags
+included (:meth:`Grader.grade_trajectories`). A sandbox per answer costs one creation (tens of
+milliseconds, ``benchmarks/sandbox.py``) next to a Python start and the tests.
 """
 
 from __future__ import annotations
@@ -30,18 +36,27 @@ from typing import Any
 
 import msgspec
 
-from relayrl.core.wire import TaskSpec, Trajectory
+from relayrl.core.wire import CheatingFlag, TaskSpec, Trajectory
 from relayrl.sandbox.api import SandboxBackend, SandboxError
 from relayrl.sandbox.config import SandboxSection
-from relayrl.sandbox.detectors import DetectionContext, apply_flags, run_detectors
+from relayrl.sandbox.detectors import DetectionContext, apply_flags, changed_files, run_detectors
+from relayrl.sandbox.evidence import (
+    RUNNER_SOURCE,
+    is_test_module,
+    new_key,
+    runner_payload,
+    test_inventory,
+    verify_records,
+)
 from relayrl.sandbox.local import LocalSandbox
 from relayrl.sandbox.paths import walk_beneath, write_beneath
-from relayrl.sandbox.workspace import hidden_test_paths, prepare_workspace
+from relayrl.sandbox.workspace import hidden_test_paths, prepare_workspace, task_private_paths
 
 __all__ = ["GradeReport", "Grader"]
 
 _OUTPUT_TAIL = 4000
 _APPLY_FAILED = "relayrl-grader: the diff of the answer does not apply"
+_RUNNER = ".relayrl-grading-runner.py"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +72,12 @@ class GradeReport:
     wall_time_s: float = 0.0
     timed_out: bool = False
     error: str | None = None
+    verdict: str = "exit-status"
+    """``evidence`` (signed per-test records) or ``exit-status`` (the grading command's exit status)."""
+    tests_expected: int = 0
+    tests_passed: int = 0
+    flags: tuple[CheatingFlag, ...] = ()
+    """Cheating seen while grading (runtime flags, forged records); any flag makes the reward 0."""
 
 
 class Grader:
@@ -77,18 +98,31 @@ class Grader:
         return self.grade_group(task, [diff])[0]
 
     def grade_group(self, task: TaskSpec, diffs: Sequence[str]) -> list[GradeReport]:
-        """Grade several answers to one task in one grading sandbox, in order."""
-        if not task.grading_command:
-            raise SandboxError(f"task {task.task_id}: no grading_command")
+        """Grade several answers to one task, each in a grading sandbox of its own, in order."""
+        modules = self.hidden_test_modules(task)
+        if not task.grading_command and not modules:
+            raise SandboxError(f"task {task.task_id}: no grading_command and no hidden Python test module")
+        inventory = test_inventory(modules) if modules else []
         with tempfile.TemporaryDirectory(prefix="relayrl-pristine-") as temp:
             pristine = self.pristine(task, Path(temp) / "tree")
             shutil.rmtree(pristine / ".git", ignore_errors=True)
-            with self.backend.create() as sandbox:
-                return [self._grade_one(sandbox, task, pristine, diff, index) for index, diff in enumerate(diffs)]
+            reports = []
+            for diff in diffs:
+                with self.backend.create(hide=task_private_paths(task)) as sandbox:
+                    reports.append(self._grade_one(sandbox, task, pristine, diff, modules, inventory))
+            return reports
 
-    def _grade_one(self, sandbox: Any, task: TaskSpec, pristine: Path, diff: str, index: int) -> GradeReport:
+    def hidden_test_modules(self, task: TaskSpec) -> dict[str, str]:
+        """The hidden Python test modules (path -> source) the grading runner loads from memory."""
+        if not task.hidden_tests:
+            return {}
+        root = Path(task.hidden_tests)
+        return {path: (root / path).read_text(encoding="utf-8") for path in hidden_test_paths(task)
+                if is_test_module(path)}
+
+    def _grade_one(self, sandbox: Any, task: TaskSpec, pristine: Path, diff: str, modules: dict[str, str],
+                   inventory: list[str]) -> GradeReport:
         workdir = Path(sandbox.workdir)
-        _clear(workdir)  # whatever the previous answer left (symlinks included) goes, unfollowed
         run = workdir / "run"
         shutil.copytree(pristine, run, symlinks=True)
         owner = getattr(sandbox, "owner", None)
@@ -96,26 +130,46 @@ class Grader:
             os.lchown(run, *owner)
             for relative, _ in walk_beneath(str(run)):
                 os.lchown(run / relative, *owner)
-        self._place_hidden_tests(task, run)
-        patch_name = f".answer-{index}.diff"
-        write_beneath(str(workdir), patch_name, diff.encode())  # root-owned: the answer can read, not edit, it
+        self._place_hidden_tests(task, run, skip=set(modules))
+        write_beneath(str(workdir), ".answer.diff", diff.encode())  # root-owned: the answer can read, not edit, it
         # One command per answer: apply, then grade. The marker is printed before any of the
         # answer's code runs; an answer printing it itself can only turn its own pass into a failure.
-        apply = (f"git apply --whitespace=nowarn ../{patch_name} || {{ echo {_APPLY_FAILED} >&2; exit 1; }}\n"
+        apply = (f"git apply --whitespace=nowarn ../.answer.diff </dev/null || {{ echo {_APPLY_FAILED} >&2; exit 1; }}\n"
                  if diff.strip() else "")
-        result = sandbox.exec(apply + task.grading_command, cwd="run", timeout=self.section.grading_timeout_s,
+        key = new_key()
+        if modules:
+            write_beneath(str(workdir), _RUNNER, RUNNER_SOURCE.encode())  # root-owned, read-only for the answer
+            command, stdin = f"exec python3 -I -B ../{_RUNNER}", runner_payload(
+                key=key, root=str(run), modules=modules, inventory=inventory, changed=changed_files(diff))
+        else:
+            command, stdin = task.grading_command, None
+        result = sandbox.exec(apply + command, cwd="run", timeout=self.section.grading_timeout_s, stdin=stdin,
                               env={"GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_NOSYSTEM": "1"})
-        output = result.output[-_OUTPUT_TAIL:]
         if result.exit_status != 0 and result.stderr.rstrip().endswith(_APPLY_FAILED):
-            return GradeReport(reward=0.0, applied=False, passed=False, exit_status=result.exit_status, output=output,
-                               wall_time_s=result.wall_time_s, error="the answer's diff does not apply to the pristine workspace")
-        passed = result.exit_status == 0 and not result.timed_out
+            return GradeReport(reward=0.0, applied=False, passed=False, exit_status=result.exit_status,
+                               output=result.output[-_OUTPUT_TAIL:], wall_time_s=result.wall_time_s,
+                               error="the answer's diff does not apply to the pristine workspace",
+                               verdict="evidence" if modules else "exit-status", tests_expected=len(inventory))
+        if not modules:
+            passed = result.exit_status == 0 and not result.timed_out
+            return GradeReport(reward=1.0 if passed else 0.0, applied=True, passed=passed,
+                               exit_status=result.exit_status, output=result.output[-_OUTPUT_TAIL:],
+                               wall_time_s=result.wall_time_s, timed_out=result.timed_out)
+        evidence = verify_records(result.stdout, key=key, inventory=inventory)
+        if result.timed_out:
+            evidence.problems.append("the grading timed out")
+        passed = evidence.passed and not result.timed_out
+        # Humans read the tests' output (stderr) and the verdict's reasons; the records stay on the host.
+        output = (result.stderr[-_OUTPUT_TAIL:] + "".join(f"\n[grader] {problem}" for problem in evidence.problems[:20]))
+        flags = tuple(CheatingFlag(detector=detector, evidence=text) for detector, text in evidence.flags)
         return GradeReport(reward=1.0 if passed else 0.0, applied=True, passed=passed, exit_status=result.exit_status,
-                           output=output, wall_time_s=result.wall_time_s, timed_out=result.timed_out)
+                           output=output, wall_time_s=result.wall_time_s, timed_out=result.timed_out,
+                           error=None if passed else (evidence.problems or ["flagged"])[0], verdict="evidence",
+                           tests_expected=len(inventory), tests_passed=evidence.tests_passed, flags=flags)
 
     @staticmethod
-    def _place_hidden_tests(task: TaskSpec, run: Path) -> None:
-        """Copy the hidden tests into ``run`` as root-owned files in root-owned directories."""
+    def _place_hidden_tests(task: TaskSpec, run: Path, *, skip: set[str] = frozenset()) -> None:
+        """Copy the hidden tests into ``run`` as root-owned files in root-owned directories (``skip``: empty)."""
         if not task.hidden_tests:
             return
         source = Path(task.hidden_tests)
@@ -132,7 +186,10 @@ class Grader:
                 parent.chmod(0o755)
             if target.is_symlink() or target.exists():
                 target.unlink()
-            shutil.copyfile(source / relative, target, follow_symlinks=False)
+            if relative in skip:
+                target.touch()  # an empty placeholder: the runner has the source; a diff creating it fails
+            else:
+                shutil.copyfile(source / relative, target, follow_symlinks=False)
             target.chmod(stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
 
     # ------------------------------------------------------------------------------ trajectories
@@ -156,13 +213,6 @@ class Grader:
                                              reward_components={**trajectory.reward_components, "success": report.reward})
             context = DetectionContext.from_trajectory(scored, task, diff=diff, hidden_tests=hidden,
                                                        reference_globs=self.section.reference_globs)
-            graded.append(apply_flags(scored, run_detectors(context, self.section.detectors, pm=self.pm)))
+            flags = [*report.flags, *run_detectors(context, self.section.detectors, pm=self.pm)]
+            graded.append(apply_flags(scored, flags))
         return graded
-
-
-def _clear(directory: Path) -> None:
-    for entry in list(directory.iterdir()):
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry)
-        else:
-            entry.unlink()

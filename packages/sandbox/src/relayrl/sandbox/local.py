@@ -169,9 +169,12 @@ class LocalBackend(SandboxBackend):
         """
         directories: list[str] = list(_PRIVATE_MOUNTS)
         files: list[str] = []
+        root = str(self.root.resolve())
         for path in sorted(set(self.hide_paths) | set(sandbox.hide), key=lambda item: (item.count("/"), item)):
             if any(path == directory or path.startswith(directory + "/") for directory in directories):
                 continue
+            if path == "/" or root == path or root.startswith(path + "/"):
+                continue  # masking it would hide the sandboxes themselves (a run directory holding the root)
             if os.path.isdir(path) and not os.path.islink(path):
                 directories.append(path)
             elif os.path.lexists(path):

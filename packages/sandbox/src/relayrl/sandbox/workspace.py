@@ -116,17 +116,25 @@ def hidden_test_paths(task: TaskSpec) -> list[str]:
 
 
 def task_private_paths(task: TaskSpec) -> list[str]:
-    """Host paths of a task that its agent must not see: hidden tests, and a task folder's other files.
+    """Host paths of a task that no sandbox may see: its whole source, hidden tests and reference files.
 
-    For a task folder (``task.json`` next to ``repo/``), everything in the folder except the
-    workspace (the gold patch, notes, the hidden tests).
+    The one place that decides it, for agent and grading sandboxes alike: the hidden tests, the
+    workspace's source (a directory, tarball or git repository: agents work on a prepared copy, and
+    the source may hold ``*.orig`` files or history) and, for a task folder (``task.json`` next to
+    ``repo/``), the whole folder (gold patch, notes). Sandboxes see these paths empty.
     """
     paths = [task.hidden_tests] if task.hidden_tests else []
-    if task.workspace and Path(task.workspace).is_dir():
-        folder = Path(task.workspace).resolve().parent
-        if (folder / "task.json").is_file():
-            paths += [str(entry) for entry in folder.iterdir() if entry.resolve() != Path(task.workspace).resolve()]
-    return paths
+    if task.workspace:
+        location = task.workspace
+        if "@" in location and not Path(location).exists():
+            location = location.partition("@")[0]
+        source = Path(location)
+        if source.exists():
+            paths.append(str(source.resolve()))
+            folder = source.resolve().parent
+            if (folder / "task.json").is_file():
+                paths.append(str(folder))
+    return sorted(set(paths))
 
 
 def prepare_workspace(task: TaskSpec, destination: str | Path, *, reference_globs: Iterable[str] = ()) -> list[str]:

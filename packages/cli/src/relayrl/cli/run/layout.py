@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from relayrl.core.config import Config, load_config
 from relayrl.core.store import Store, open_store
 
@@ -43,6 +45,20 @@ class RunLayout:
 
     def bus_url(self, config: Config) -> str:
         return config.store.url or str(self.root)
+
+    def sandbox_section(self, config: Config) -> Any:
+        """The run's ``[sandbox]`` section with the run directory (and a local bus) hidden from every sandbox.
+
+        The run directory holds other groups' answers on the bus, weights and checkpoints: nothing an
+        agent or an answer under grading may read.
+        """
+        hidden = [str(self.root)]
+        url = self.bus_url(config)
+        if "://" not in url or url.startswith("file://"):
+            hidden.append(str(Path(url.removeprefix("file://")).resolve()))
+        section = config.sandbox
+        return msgspec.structs.replace(section, hide_paths=[*section.hide_paths,
+                                                             *(path for path in hidden if path not in section.hide_paths)])
 
     def bus(self, config: Config) -> Store:
         return open_store(self.bus_url(config), **dict(config.store.options))

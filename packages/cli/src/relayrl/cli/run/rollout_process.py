@@ -41,7 +41,7 @@ __all__ = ["main", "run_rollout"]
 
 async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str], *, pm: Any = None) -> None:
     section = config.rollout
-    environment = build_environment(section, sandbox=config.sandbox, pm=pm)
+    environment = build_environment(section, sandbox=layout.sandbox_section(config), pm=pm)
     tokenizer = load_tokenizer(layout.model_path(config))
     chat = make_chat_format(config.model, tokenizer)
     if section.engines_in_process:

@@ -84,7 +84,7 @@ class TrainerProcess:
             seed_everything(config.run.seed)
             if config.trainer.threads:
                 torch.set_num_threads(config.trainer.threads)
-        self.environment = build_environment(config.rollout, sandbox=config.sandbox, pm=self.pm)
+        self.environment = build_environment(config.rollout, sandbox=self.layout.sandbox_section(config), pm=self.pm)
         if not self.ranks.leader:
             self.ranks.barrier()  # the leader writes a fresh model directory first
         model_dir = materialize_model(config.model, self.layout.model_dir,
