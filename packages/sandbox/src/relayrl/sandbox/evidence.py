@@ -78,11 +78,9 @@ def test_inventory(modules: Mapping[str, str]) -> list[str]:
     return inventory
 
 
-def runner_payload(*, key: bytes, root: str, modules: Mapping[str, str], inventory: Sequence[str],
-                   changed: Sequence[str]) -> bytes:
+def runner_payload(*, key: bytes, root: str, modules: Mapping[str, str], inventory: Sequence[str]) -> bytes:
     """The JSON the runner reads on stdin (the key travels no other way)."""
-    return json.dumps({"key": key.hex(), "root": root, "modules": dict(modules), "inventory": list(inventory),
-                       "changed": sorted(changed)}).encode()
+    return json.dumps({"key": key.hex(), "root": root, "modules": dict(modules), "inventory": list(inventory)}).encode()
 
 
 def new_key() -> bytes:

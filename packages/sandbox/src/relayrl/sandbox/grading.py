@@ -26,6 +26,7 @@ milliseconds, ``benchmarks/sandbox.py``) next to a Python start and the tests.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
 import stat
@@ -39,7 +40,7 @@ import msgspec
 from relayrl.core.wire import CheatingFlag, TaskSpec, Trajectory
 from relayrl.sandbox.api import SandboxBackend, SandboxError
 from relayrl.sandbox.config import SandboxSection
-from relayrl.sandbox.detectors import DetectionContext, apply_flags, changed_files, run_detectors
+from relayrl.sandbox.detectors import DetectionContext, apply_flags, run_detectors
 from relayrl.sandbox.evidence import (
     RUNNER_SOURCE,
     is_test_module,
@@ -48,7 +49,7 @@ from relayrl.sandbox.evidence import (
     test_inventory,
     verify_records,
 )
-from relayrl.sandbox.local import LocalSandbox
+from relayrl.sandbox.local import BASE_ENV, LocalSandbox
 from relayrl.sandbox.paths import walk_beneath, write_beneath
 from relayrl.sandbox.workspace import hidden_test_paths, prepare_workspace, task_private_paths
 
@@ -57,6 +58,21 @@ __all__ = ["GradeReport", "Grader"]
 _OUTPUT_TAIL = 4000
 _APPLY_FAILED = "relayrl-grader: the diff of the answer does not apply"
 _RUNNER = ".relayrl-grading-runner.py"
+_PYTHON = ".relayrl-python"
+
+
+@functools.lru_cache(maxsize=1)
+def _sandbox_python() -> str | None:
+    """The real ``python3`` binary sandboxes run (an ELF file), or None if it cannot be copied."""
+    found = shutil.which("python3", path=BASE_ENV["PATH"])
+    if found is None:
+        return None
+    binary = os.path.realpath(found)
+    try:
+        with open(binary, "rb") as handle:
+            return binary if handle.read(4) == b"\x7fELF" else None
+    except OSError:
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +94,8 @@ class GradeReport:
     tests_passed: int = 0
     flags: tuple[CheatingFlag, ...] = ()
     """Cheating seen while grading (runtime flags, forged records); any flag makes the reward 0."""
+    protections: str = ""
+    """What the grading runner could set up (``non-dumpable``), comma-separated; evidence verdicts only."""
 
 
 class Grader:
@@ -139,8 +157,8 @@ class Grader:
         key = new_key()
         if modules:
             write_beneath(str(workdir), _RUNNER, RUNNER_SOURCE.encode())  # root-owned, read-only for the answer
-            command, stdin = f"exec python3 -I -B ../{_RUNNER}", runner_payload(
-                key=key, root=str(run), modules=modules, inventory=inventory, changed=changed_files(diff))
+            command, stdin = f"exec {self._runner_python(workdir)} -I -B ../{_RUNNER}", runner_payload(
+                key=key, root=str(run), modules=modules, inventory=inventory)
         else:
             command, stdin = task.grading_command, None
         result = sandbox.exec(apply + command, cwd="run", timeout=self.section.grading_timeout_s, stdin=stdin,
@@ -165,7 +183,24 @@ class Grader:
         return GradeReport(reward=1.0 if passed else 0.0, applied=True, passed=passed, exit_status=result.exit_status,
                            output=output, wall_time_s=result.wall_time_s, timed_out=result.timed_out,
                            error=None if passed else (evidence.problems or ["flagged"])[0], verdict="evidence",
-                           tests_expected=len(inventory), tests_passed=evidence.tests_passed, flags=flags)
+                           tests_expected=len(inventory), tests_passed=evidence.tests_passed, flags=flags,
+                           protections=evidence.protections)
+
+    @staticmethod
+    def _runner_python(workdir: Path) -> str:
+        """An execute-only copy of the sandbox's python3: the kernel makes a process started from a
+        file it cannot read non-dumpable, so nothing else in the sandbox can ptrace the runner or read
+        its memory (its key). Falls back to ``python3`` (the runner then reports the protection missing)."""
+        binary = _sandbox_python()
+        if binary is None:
+            return "python3"
+        target = workdir / _PYTHON
+        try:
+            shutil.copyfile(binary, target)
+            target.chmod(0o111)
+        except OSError:
+            return "python3"
+        return f"../{_PYTHON}"
 
     @staticmethod
     def _place_hidden_tests(task: TaskSpec, run: Path, *, skip: set[str] = frozenset()) -> None:

@@ -4,7 +4,7 @@ This file is a standalone script (standard library only, Python >= 3.10). The gr
 the grading sandbox and runs it as ``python3 -I -B runner.py`` with a JSON payload on stdin::
 
     {"key": HEX, "root": DIR, "modules": {"tests/test_x.py": SOURCE, ...},
-     "inventory": ["tests.test_x.TestX.test_a", ...], "changed": ["pkg/mod.py", ...]}
+     "inventory": ["tests.test_x.TestX.test_a", ...]}
 
 It reports on its original stdout, one line per record::
 
@@ -21,25 +21,32 @@ Why the answer's code cannot forge or bend the verdict, although it runs in this
   Reaching it needs a frame or the object graph, and audit hooks, installed before the first
   answer import, deny every way to get one (``sys._getframe``, ``sys._current_frames``,
   ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys.settrace``/``setprofile``, ``gc``
-  introspection, ``ctypes``, ``/proc/self/mem``, sub-interpreters). Signal handlers run in the main
-  thread, which holds nothing (the tests run in the driver thread). The process is made
-  non-dumpable, so no other process of the sandbox can ptrace it or read its memory. Signing uses
-  C functions captured at start-up, so no monkeypatch changes what is signed.
+  introspection, importing ``ctypes`` or native modules, ``/proc/self/mem``, sub-interpreters).
+  Signal handlers run in the main thread, which holds nothing (the tests run in the driver
+  thread). The grader starts this interpreter from an execute-only copy, so the kernel makes the
+  process non-dumpable: no other process of the sandbox can ptrace it or read its memory. Signing
+  uses C functions captured at start-up, so no monkeypatch changes what is signed.
 * **The hidden tests never touch the disk**: their source arrives on stdin, and their code objects
   are protected (reading ``__code__``, ``__defaults__`` of a test function is denied and flagged).
-* **The tests cannot be bent**: every ``unittest`` class and every test class is made immutable the
-  moment it exists; ``==``, ``!=``, ``in``, ordering, ``assert*`` calls, ``with
-  self.assertRaises`` and the builtins in the hidden tests are rewritten to the runner's own
-  implementations, embedded in the code as constants, which compare plain data structurally and
-  refuse to trust an ``__eq__`` (or ``__bool__``, ``__contains__`` ...) the answer defined; the
-  outcome of a test is decided by the runner, not by ``unittest``'s result objects.
+* **The tests cannot be bent**: ``==``, ``!=``, ``in``, ordering, ``assert*`` calls, ``with
+  self.assertRaises``, the builtins and every ``self.x`` of the hidden tests are rewritten to the
+  runner's own code, embedded in the compiled tests as constants: comparisons check plain data
+  structurally and refuse to trust an ``__eq__`` (or ``__bool__``, ``__contains__`` ...) the answer
+  defined; attributes come from the test classes' members as they were when each class was
+  created, and the test functions run on a private copy of their module's globals, so replacing a
+  method, a class attribute or a global that the answer can reach changes nothing the tests use.
+  The runner decides each outcome itself (no ``unittest`` result object or runner is involved),
+  and calls only test functions whose code is the code it compiled.
 * **Runtime evidence**: ``exec`` of the runner, killing it, tracing, frame and ``gc`` walking,
   ``ctypes``, reading the tests' code, rewriting them, network use: each is denied where it would
   matter and reported as a ``flag`` record; a premature exit leaves the record stream incomplete.
 
-What is not covered (docs/sandbox.md says so too): module-level data of the hidden tests is
-reachable through class enumeration; changes to it, to ``builtins`` and to the modules the tests
-use are detected between tests (``flag``), but a change made and undone inside one test is not.
+What is not covered (docs/sandbox.md says so too): the hidden tests' module-level and class-level
+*data* can be read by answer code that enumerates classes (their code cannot); the stdlib modules
+the tests call into (``math``, ``re`` ...) can be patched by the answer, which the runner detects
+between tests (``flag``) for ``builtins`` and ``unittest`` but not for every module, nor for a
+change made and undone within one test. Exploits of CPython itself (crafted bytecode) are out of
+scope, like kernel exploits.
 """
 
 RECORD_PREFIX = "RELAYRL-EVIDENCE"
@@ -53,6 +60,7 @@ def main():
     import builtins
     import gc
     import json
+    import operator
     import os
     import sys
     import types
@@ -74,7 +82,6 @@ def main():
     key = bytes.fromhex(payload["key"])
     root = payload["root"]
     inventory = list(payload["inventory"])
-    changed = frozenset(payload.get("changed", ()))
     record_fd = os.dup(1)  # the record stream; the tests' own prints go to stderr from now on
     os.dup2(2, 1)
 
@@ -96,68 +103,61 @@ def main():
         emit("end", "0")
         exit_now(0)
 
-    # ------------------------------------------------------------------ protections needing ctypes
-    import ctypes
-
+    # ------------------------------------------------------------------ what the process is
     protections = []
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(4, 0, 0, 0, 0) == 0:  # PR_SET_DUMPABLE 0: no ptrace, no /proc/PID/mem for others
-        protections.append("non-dumpable")
+    try:
+        # The grader runs this interpreter from an execute-only copy: the kernel then makes the process
+        # non-dumpable, so no other process of the sandbox can ptrace it or read /proc/PID/mem.
+        if os.getuid() != 0 and os.stat("/proc/self/mem").st_uid != os.getuid():
+            protections.append("non-dumpable")
+    except OSError:
+        pass
+    window = [False]  # the runner's own reads of protected attributes, in the driver thread only
 
-    def flags_offset():
-        class Probe:
-            pass
-        for offset in range(0, 512, 8):
-            if all(ctypes.c_ulong.from_address(id(kind) + offset).value == kind.__flags__
-                   for kind in (Probe, int, ValueError, type)):
-                return offset
-        return None
-
-    offset = flags_offset()
-    immutable = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE (3.10+): type.__setattr__ refuses
-    window = [False]  # the runner's own ctypes calls, in the driver thread only
-    c_ulong_at = ctypes.c_ulong.from_address
-
-    def freeze(cls):
-        if offset is None or type_(cls) is not type:
-            return cls
-        window[0] = True
-        try:
-            cell = c_ulong_at(id(cls) + offset)
-            cell.value = cell.value | immutable
-        finally:
-            window[0] = False
-        return cls
-
-    if offset is not None:
-        protections.append("immutable-test-classes")
-
-    import contextlib
     import re
     import traceback
     import unittest
-    import unittest.async_case
     import unittest.case
     import unittest.loader
-    import unittest.mock
     import unittest.result
     import unittest.suite
 
     traceback.clear_frames = lambda tb: None  # it walks tb_frame, which the audit hook denies; memory only
     infrastructure = [module for name, module in sys.modules.items()
                       if name == "unittest" or name.startswith("unittest.")]
-    for module in infrastructure:
-        for value in list(vars(module).values()):
-            if type_(value) is type and getattr(value, "__module__", "").startswith("unittest"):
-                freeze(value)
+    TestCase = unittest.TestCase
+    testcase_members = dict(TestCase.__dict__)  # the originals, before any answer code could replace one
+    instance_dict_of = TestCase.__dict__["__dict__"].__get__
+    object_new = object.__new__
+    MethodType = types.MethodType
+    object_getattribute = object.__getattribute__
 
     # ------------------------------------------------------------------ trust of comparison code
-    stdlib_dirs = tuple(sorted({os.path.dirname(os.__file__)} | {p for p in sys.path if "-packages" in p}))
-    root_prefix = root.rstrip("/") + "/"
+    # Whose ``__eq__`` (``__bool__``, ``__contains__`` ...) may decide a comparison? Code that existed
+    # before the first answer import: C types, and the members of every class alive now (the stdlib
+    # classes tests compare against are imported first). Not code the answer wrote, nor a member it
+    # replaced on an old class, nor anything whose file name it chose (compile() takes any name).
+    for name in ("collections", "datetime", "decimal", "enum", "fractions", "ipaddress", "pathlib", "uuid"):
+        __import__(name)  # classes that tests compare against: their members are known before any answer code
+
     heap_type = 1 << 9
     FunctionType = types.FunctionType
-    c_callables = (types.WrapperDescriptorType, types.MethodWrapperType, types.BuiltinFunctionType,
-                   types.MethodDescriptorType, types.BuiltinMethodType)
+    guarded = ("__eq__", "__ne__", "__hash__", "__len__", "__iter__", "__getitem__", "__contains__", "__bool__",
+               "__lt__", "__le__", "__gt__", "__ge__", "__index__", "__int__", "__float__", "__complex__",
+               "__sub__", "__rsub__", "__abs__", "__round__", "keys", "items", "values", "__class__")
+    class_members = {}  # hidden class -> its members at creation (functions rebuilt with private globals)
+    class_mro = {}  # hidden class -> its MRO at creation
+    missing = object()
+    known_members = {}  # (id of a class, member name) -> the member before any answer code ran
+    known_classes = []  # kept alive: their ids stay theirs
+    for candidate in gc.get_objects():
+        if isinstance(candidate, type):
+            known_classes.append(candidate)
+            members = candidate.__dict__
+            for name in guarded:
+                if name in members:
+                    known_members[(id(candidate), name)] = members[name]
+    del candidate
 
     def code_of(function):
         window[0] = True  # a hidden test's own helper class may be compared; reading its code runs nothing
@@ -166,46 +166,28 @@ def main():
         finally:
             window[0] = False
 
-    def trusted_file(filename):
-        if type_(filename) is not str_:
-            return False
-        if filename.startswith(root_prefix):
-            return filename[len_(root_prefix):] not in changed
-        return filename.startswith(stdlib_dirs)
-
-    def trusted_class(cls):
-        if not cls.__flags__ & heap_type:
-            return True
-        module = sys.modules.get(getattr(cls, "__module__", None) or "")
-        return trusted_file(getattr(module, "__file__", None))
-
     def trusted(tp, name):
-        """Whether ``tp``'s ``name`` (``__eq__`` ...) is code the answer did not write."""
+        """Whether the ``name`` member that ``tp`` uses (``__eq__`` ...) is code the answer did not write."""
         for cls in tp.__mro__:
-            members = cls.__dict__
+            members = class_members.get(cls)
+            if members is None:
+                members = cls.__dict__
             if name in members:
                 impl = members[name]
-                if not trusted_class(cls):
-                    return False
-                if isinstance(impl, c_callables):
-                    return True
-                if type_(impl) is FunctionType:
-                    return trusted_file(code_of(impl).co_filename)
-                return impl is None  # __hash__ = None; anything else is not code we can vouch for
+                if not cls.__flags__ & heap_type:
+                    return True  # a static type: immutable, and implemented in C
+                if cls in class_mro:  # a hidden test's own class: its members as created
+                    return type_(impl) is not FunctionType or id(code_of(impl)) in my_codes
+                return known_members.get((id(cls), name), missing) is impl
         return True
 
     # ------------------------------------------------------------------ strict comparisons
     NoneType = type_(None)
     plain_bases = (bool, int, float, complex, str, bytes, NoneType, list, tuple, dict, set, frozenset)
     numbers = (bool, int, float, complex)
-    guarded = ("__eq__", "__ne__", "__hash__", "__len__", "__iter__", "__getitem__", "__contains__", "__bool__",
-               "__lt__", "__le__", "__gt__", "__ge__", "__index__", "__int__", "__float__", "__complex__",
-               "__sub__", "__rsub__", "__abs__", "__round__", "keys", "items", "values", "__class__")
 
     class Unverifiable(Exception):
-        """A comparison that depends on code the answer wrote (never caught by answer code: see below)."""
-
-    freeze(Unverifiable)
+        """A comparison that depends on code the answer wrote."""
 
     def plain_base(value):
         tp = type_(value)
@@ -507,6 +489,75 @@ def main():
         "fail": a_fail, "assertRaises": a_raises, "assertRaisesRegex": a_raises_regex,
     }
 
+    # ------------------------------------------------------------------ the tests' own attributes
+    # A test reads ``self.expected`` or calls ``self.check(...)``: through the class, which the
+    # answer's code can reach (``TestCase.__subclasses__()``) and change. The hidden tests' attribute
+    # accesses on their receiver go through these instead, which look in the class members as they
+    # were when the class was created (and in TestCase's originals), never in the live classes.
+    class_members.clear()
+    operators = {ast.Add: operator.iadd, ast.Sub: operator.isub, ast.Mult: operator.imul, ast.Div: operator.itruediv,
+                 ast.FloorDiv: operator.ifloordiv, ast.Mod: operator.imod, ast.Pow: operator.ipow,
+                 ast.LShift: operator.ilshift, ast.RShift: operator.irshift, ast.BitOr: operator.ior,
+                 ast.BitXor: operator.ixor, ast.BitAnd: operator.iand, ast.MatMult: operator.imatmul}
+
+    def class_lookup(cls, name):
+        for klass in class_mro[cls]:
+            members = class_members.get(klass)
+            if members is None:
+                members = testcase_members if klass is TestCase else klass.__dict__
+            if name in members:
+                return members[name]
+        return missing
+
+    def is_data_descriptor(value):
+        kind = type_(value)
+        return hasattr(kind, "__set__") or hasattr(kind, "__delete__")
+
+    def class_attr(cls, name):
+        found = class_lookup(cls, name)
+        if found is missing:
+            raise AttributeError(f"type object {cls.__qualname__!r} has no attribute {name!r}")
+        getter = getattr(type_(found), "__get__", None)
+        if getter is None or type_(found) is FunctionType:
+            return found
+        return getter(found, None, cls)
+
+    def get_attr(obj, name):
+        if type_(obj) is type and obj in class_mro:  # cls.X in a classmethod of a hidden class
+            return class_attr(obj, name)
+        cls = type_(obj)
+        if cls not in class_mro:
+            return getattr(obj, name)
+        found = class_lookup(cls, name)
+        if found is not missing and is_data_descriptor(found):
+            return found.__get__(obj, cls)
+        own = instance_dict_of(obj) if isinstance(obj, TestCase) else object_getattribute(obj, "__dict__")
+        if name in own:
+            return own[name]
+        if found is missing:
+            raise AttributeError(f"{cls.__qualname__!r} object has no attribute {name!r}")
+        if type_(found) is FunctionType:
+            return MethodType(found, obj)
+        getter = getattr(type_(found), "__get__", None)
+        return getter(found, obj, cls) if getter is not None else found
+
+    def set_attr(obj, name, value):
+        if type_(obj) is type and obj in class_mro:  # setUpClass: cls.shared = ...
+            class_members[obj][name] = value
+            return None
+        cls = type_(obj)
+        if cls not in class_mro:
+            return setattr(obj, name, value)
+        found = class_lookup(cls, name)
+        if found is not missing and is_data_descriptor(found):
+            return found.__set__(obj, value)
+        own = instance_dict_of(obj) if isinstance(obj, TestCase) else object_getattribute(obj, "__dict__")
+        own[name] = value
+        return None
+
+    def update_attr(obj, name, op, value):
+        set_attr(obj, name, operators[op](get_attr(obj, name), value))
+
     # ------------------------------------------------------------------ rewriting the hidden tests
     nonce = os.urandom(8).hex()
     constants = {}
@@ -578,12 +629,44 @@ def main():
             return None, None
 
         def visit_Call(self, node):
-            self.generic_visit(node)
             name, receiver = self._assertion(node)
             if name in assertions:
-                call = ast.Call(func=const(assertions[name], name), args=[receiver, *node.args],
-                                keywords=node.keywords)
+                call = ast.Call(func=const(assertions[name], name),
+                                args=[receiver, *(self.visit(argument) for argument in node.args)],
+                                keywords=[self.visit(keyword) for keyword in node.keywords])
                 return ast.copy_location(call, node)
+            self.generic_visit(node)
+            return node
+
+        def _own(self, node):
+            return (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in self.receivers)
+
+        def visit_Attribute(self, node):
+            if self._own(node) and isinstance(node.ctx, ast.Load):
+                return ast.copy_location(ast.Call(func=const(get_attr, "get_attr"),
+                                                  args=[node.value, ast.Constant(value=node.attr)], keywords=[]), node)
+            self.generic_visit(node)
+            return node
+
+        def visit_Assign(self, node):
+            if len_(node.targets) == 1 and self._own(node.targets[0]):
+                target = node.targets[0]
+                call = ast.Call(func=const(set_attr, "set_attr"),
+                                args=[target.value, ast.Constant(value=target.attr), self.visit(node.value)],
+                                keywords=[])
+                return ast.copy_location(ast.Expr(value=call), node)
+            self.generic_visit(node)
+            return node
+
+        def visit_AugAssign(self, node):
+            if self._own(node.target) and type_(node.op) in operators:
+                target = node.target
+                call = ast.Call(func=const(update_attr, "update_attr"),
+                                args=[target.value, ast.Constant(value=target.attr), const(type_(node.op), "op"),
+                                      self.visit(node.value)], keywords=[])
+                return ast.copy_location(ast.Expr(value=call), node)
+            self.generic_visit(node)
             return node
 
         def visit_With(self, node):
@@ -635,13 +718,13 @@ def main():
                 return ast.copy_location(const(getattr(builtins, node.id), node.id), node)
             return node
 
-    def freeze_after_classes(body):
+    def adopt_after_classes(body):
         out = []
         for statement in body:
             out.append(statement)
             if isinstance(statement, ast.ClassDef):
                 out.append(ast.copy_location(ast.Expr(value=ast.Call(
-                    func=const(adopt_class, "freeze"), args=[ast.Name(id=statement.name, ctx=ast.Load())],
+                    func=const(adopt_class, "adopt"), args=[ast.Name(id=statement.name, ctx=ast.Load())],
                     keywords=[])), statement))
         return out
 
@@ -667,9 +750,16 @@ def main():
             protected.append(value)
             protected_ids.add(id(value))
 
+    class_created = {}  # hidden class -> its members at creation, to tell later changes (evidence)
+
     def adopt_class(cls):
-        freeze(cls)
-        for value in list(cls.__dict__.values()):
+        """Right after a hidden class statement: keep its members and MRO as they are now."""
+        if type_(cls) is not type:
+            return cls
+        class_members[cls] = dict(cls.__dict__)
+        class_created[cls] = dict(cls.__dict__)
+        class_mro[cls] = cls.__mro__
+        for value in class_members[cls].values():
             protect(value)
         return cls
 
@@ -681,7 +771,7 @@ def main():
         filename = os.path.join(root, relative)
         try:
             tree = ast.parse(source, filename)
-            tree.body = freeze_after_classes(tree.body)
+            tree.body = adopt_after_classes(tree.body)
             tree = ast.fix_missing_locations(Rewriter(bound_names(tree)).visit(tree))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # "'str' object is not callable": the constants are replaced below
@@ -721,12 +811,47 @@ def main():
                                "gc.get_referrers", "gc.get_referents", "sys._getframemodulename"})
     network = frozenset({"socket.connect", "socket.sendto", "socket.sendmsg", "socket.getaddrinfo",
                          "socket.gethostbyname", "socket.gethostbyaddr", "socket.bind"})
-    realpath, getcwd, getpid, join, startswith = os.path.realpath, os.getcwd, os.getpid, os.path.join, str.startswith
-    getpgid = os.getpgid
-    hidden_dirs = tuple_(sorted({join(root, rel.split("/", 1)[0]) + "/" for rel in (m[1] for m in modules) if "/" in rel}))
+    getcwd, getpid, getpgid, lstat, readlink, startswith = (os.getcwd, os.getpid, os.getpgid, os.lstat, os.readlink,
+                                                           str.startswith)
+    system_dirs = tuple_(sorted({os.path.dirname(os.__file__)} | {p for p in sys.path if "-packages" in p}))
+    hidden_dirs = tuple_(sorted({root.rstrip("/") + "/" + rel.split("/", 1)[0] + "/"
+                                 for rel in (m[1] for m in modules) if "/" in rel}))
+
+    def realpath(path):
+        """``os.path.realpath`` from C functions only: the answer can patch posixpath, not these."""
+        if not startswith(path, "/"):
+            path = getcwd() + "/" + path
+        pending = path.split("/")[::-1]
+        resolved, hops = "", 0
+        while pending:
+            part = pending.pop()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                resolved = resolved[: resolved.rfind("/")]
+                continue
+            candidate = resolved + "/" + part
+            try:
+                link = lstat(candidate).st_mode & 0o170000 == 0o120000
+            except OSError:
+                link = False
+            if not link or hops > 40:
+                resolved = candidate
+                continue
+            hops += 1
+            target = readlink(candidate)
+            if startswith(target, "/"):
+                resolved = ""
+            pending.extend(target.split("/")[::-1])
+        return resolved or "/"
+
+    noted = set()
 
     def note(detector, evidence):
-        flags.append((detector, evidence[:400]))
+        entry = (detector, evidence[:400])
+        if entry not in noted:  # the same tampering seen after every test is one piece of evidence
+            noted.add(entry)
+            flags.append(entry)
 
     def deny(detector, evidence, error=PermissionError):
         if detector:
@@ -748,8 +873,6 @@ def main():
         path = as_path(path)
         if path is None:
             return None
-        if not startswith(path, "/"):
-            path = join(getcwd(), path)
         resolved = realpath(path)
         parts = resolved.split("/")
         if len_(parts) > 2 and parts[1] == "proc" and (parts[2].isdigit() or parts[2] in ("self", "thread-self")):
@@ -778,10 +901,8 @@ def main():
             mode = args[1] if type_(args[1]) is str_ else ""
             writing = "w" in mode or "a" in mode or "x" in mode or "+" in mode or (type_(args[2]) is int and args[2] & 3)
             path = as_path(args[0]) if writing else None
-            if path is not None:
-                path = path if startswith(path, "/") else join(getcwd(), path)
-                if startswith(realpath(path) + "/", hidden_dirs) or startswith(realpath(path), hidden_dirs):
-                    deny("test-edits", f"writing {path} while graded")
+            if path is not None and startswith(realpath(path) + "/", hidden_dirs):
+                deny("test-edits", f"writing {path} while graded")
         elif event == "sys._getframe":
             raise ValueError("relayrl grader: frames are not available while an answer is graded")
         elif event in introspection:
@@ -793,7 +914,7 @@ def main():
             filename = args[1] if len_(args) > 1 else None
             if module in forbidden_modules:
                 deny("runner-tampering", f"importing {module}", ImportError)
-            if type_(filename) is str_ and filename.endswith(".so") and not filename.startswith(stdlib_dirs):
+            if type_(filename) is str_ and filename.endswith(".so") and not filename.startswith(system_dirs):
                 deny("runner-tampering", f"loading native module {filename}", ImportError)
         elif event == "os.exec":
             if getpid() == pid:
@@ -811,30 +932,32 @@ def main():
     driver_ident = [None]
     done = _thread.allocate_lock()
     done.acquire()
-    snapshot_modules = [builtins, *infrastructure, re, contextlib]
-
+    snapshot_modules = [builtins, *infrastructure, re]
     structural = (FunctionType, type, types.ModuleType, types.BuiltinFunctionType)
 
-    def snapshot(extra):
-        return [(module, dict(vars(module)), module in extra) for module in (*snapshot_modules, *extra)]
+    def snapshot(test_modules):
+        """Identity of what the tests and this runner rely on, to tell what answer code replaced."""
+        items = [(f"{module.__name__}.", vars(module), dict(vars(module)), module in test_modules)
+                 for module in (*snapshot_modules, *test_modules)]
+        items += [(f"{cls.__qualname__}.", cls.__dict__, created, False) for cls, created in class_created.items()]
+        items.append(("unittest.TestCase.", TestCase.__dict__, testcase_members, False))
+        return items
 
     def changes(snap):
-        """What was replaced in the runner's modules (any name) and in the test modules (code, classes)."""
         found = []
-        for module, before, is_test_module in snap:
-            after = vars(module)
+        for label, live, before, lenient in snap:
             for name, value in before.items():
                 if name in ("__warningregistry__", "_filters_version"):
                     continue
-                current = after.get(name, changes)
+                current = live.get(name, changes)
                 if current is value:
                     continue
                 # A test module's setUpModule may rebind its data; its functions and classes stay.
-                if is_test_module and not (isinstance(value, structural) or isinstance(current, structural)):
+                if lenient and not (isinstance(value, structural) or isinstance(current, structural)):
                     continue
-                found.append(f"{module.__name__}.{name} replaced")
-            if not is_test_module and len_(after) != len_(before):
-                found.append(f"{module.__name__}: names added")
+                found.append(f"{label}{name} replaced")
+            if not lenient and len_(live) != len_(before):
+                found.append(f"{label.rstrip('.')}: names added")
         return found
 
     def describe(error):
@@ -849,23 +972,80 @@ def main():
             detector, evidence = flags.pop(0)
             emit("flag", detector, evidence)
 
-    prepared = {}  # module or class -> None (ready) or why it could not be set up
+    # ------------------------------------------------------------------ private copies of the tests
+    def rebuild(function, private):
+        """``function`` again, with ``private`` as its globals (hidden-test code only)."""
+        window[0] = True
+        try:
+            code, defaults, kwdefaults = function.__code__, function.__defaults__, function.__kwdefaults__
+        finally:
+            window[0] = False
+        if id(code) not in my_codes:
+            return function
+        copy = FunctionType(code, private, function.__name__, defaults, function.__closure__)
+        copy.__kwdefaults__ = kwdefaults
+        copy.__qualname__ = function.__qualname__
+        copy.__dict__.update(function.__dict__)  # __unittest_skip__ and friends
+        protect(copy)
+        return copy
+
+    def privatize(value, private):
+        kind = type_(value)
+        if kind is FunctionType:
+            return rebuild(value, private)
+        if kind in (staticmethod, classmethod) and type_(value.__func__) is FunctionType:
+            return kind(rebuild(value.__func__, private))
+        if kind is property:
+            return property(*(rebuild(part, private) if type_(part) is FunctionType else part
+                              for part in (value.fget, value.fset, value.fdel)), value.__doc__)
+        return value
+
+    def private_namespace(module):
+        """The module's globals copied, its hidden functions (module level and in its classes) rebuilt on them.
+
+        The copy is referenced only from here: answer code that reaches the module's classes and
+        their functions' ``__globals__`` changes the public namespace, which the tests no longer use.
+        """
+        private = dict(vars(module))
+        for name, value in list(private.items()):
+            private[name] = privatize(value, private)
+        for cls, members in class_members.items():
+            if cls.__module__ == module.__name__:
+                for name, value in list(members.items()):
+                    members[name] = privatize(value, private)
+        return private
+
+    prepared = {}  # id of a module namespace, or a class -> None (ready) or why it could not be set up
     teardowns = []
 
-    def prepare_once(owner, setup_name, teardown_name, namespace=None):
+    def prepare_once(owner, setup, teardown, what):
         if owner in prepared:
             return prepared[owner]
-        setup = namespace.get(setup_name) if namespace is not None else getattr(owner, setup_name, None)
         try:
             if setup is not None:
                 setup()
             prepared[owner] = None
-            teardown = namespace.get(teardown_name) if namespace is not None else getattr(owner, teardown_name, None)
             if teardown is not None:
                 teardowns.append(teardown)
-        except BaseException as error:  # SystemExit and KeyboardInterrupt fail the test too
-            prepared[owner] = f"{setup_name} failed: {describe(error)}"
+        except BaseException as error:  # SystemExit and KeyboardInterrupt fail the tests too
+            prepared[owner] = f"{what} failed: {describe(error)}"
         return prepared[owner]
+
+    def hidden_function(value):
+        return type_(value) is FunctionType and id(code_of(value)) in my_codes
+
+    def outcome_of(call):
+        try:
+            call()
+        except unittest.SkipTest as error:
+            return "skipped", describe(error)
+        except Unverifiable as error:
+            return "failed", f"unverifiable: {error}"
+        except AssertionError as error:
+            return "failed", describe(error)
+        except BaseException as error:  # SystemExit and KeyboardInterrupt fail the test too
+            return "error", describe(error)
+        return "passed", ""
 
     def run_one(test_id, loaded):
         namespace = None
@@ -877,68 +1057,50 @@ def main():
                 break
         if namespace is None:
             return "missing", "its module did not load"
-        problem = prepare_once(id(namespace), "setUpModule", "tearDownModule", namespace)
+        problem = prepare_once(id(namespace), namespace.get("setUpModule"), namespace.get("tearDownModule"),
+                               "setUpModule")
         if problem:
             return "error", problem
         if len_(rest) == 1:
             function = namespace.get(rest[0])
-            if type_(function) is not FunctionType or id(code_of(function)) not in my_codes:
+            if not hidden_function(function):
                 return "missing", "no such test function in the hidden tests"
-            try:
-                function()
-            except unittest.SkipTest as error:
-                return "skipped", describe(error)
-            except Unverifiable as error:
-                return "failed", f"unverifiable: {error}"
-            except AssertionError as error:
-                return "failed", describe(error)
-            except BaseException as error:  # setUpModule and setUpClass may raise anything
-                return "error", describe(error)
-            return "passed", ""
+            return outcome_of(function)
         if len_(rest) != 2:
             return "missing", "not a test id of the form module.Class.test"
         cls = namespace.get(rest[0])
-        if type_(cls) is not type or not (cls.__flags__ & immutable or offset is None):
-            return "error", "the test class was replaced"
-        function = None
-        for owner in cls.__mro__:
-            if rest[1] in owner.__dict__:
-                function = owner.__dict__[rest[1]]
-                break
-        if type_(function) is not FunctionType or id(function) not in protected_ids:
+        if type_(cls) is not type or cls not in class_mro:
+            return "missing", "no such test class in the hidden tests"
+        function = class_lookup(cls, rest[1])
+        if not hidden_function(function):
             return "missing", "no such test method in the hidden tests"
-        if id(code_of(function)) not in my_codes:
-            return "error", "the test method's code is not the hidden test's"
-        is_unittest = issubclass(cls, unittest.TestCase)
-        problem = prepare_once(cls, "setUpClass", "tearDownClass") if is_unittest else None
-        if problem:
-            return "error", problem
-        try:
-            instance = cls(rest[1]) if is_unittest else cls()
-            if getattr(function, "__unittest_skip__", False) or getattr(cls, "__unittest_skip__", False):
-                return "skipped", "marked skip"
-            if getattr(function, "__unittest_expecting_failure__", False):
-                return "failed", "expected failures are not evidence of a fix"
-            setup = getattr(instance, "setUp", None) if is_unittest else getattr(instance, "setup_method", None)
-            if setup is not None:
-                setup() if is_unittest else setup(function)
+        is_unittest = issubclass(cls, TestCase)
+        if getattr(function, "__unittest_skip__", False) or class_lookup(cls, "__unittest_skip__") is True:
+            return "skipped", "marked skip"
+        if getattr(function, "__unittest_expecting_failure__", False):
+            return "failed", "an expected failure is no evidence of a fix"
+        if is_unittest:
+            problem = prepare_once(cls, class_attr(cls, "setUpClass"), class_attr(cls, "tearDownClass"), "setUpClass")
+            if problem:
+                return "error", problem
+        instance = object_new(cls)
+        if is_unittest:  # what TestCase.__init__ sets, without running anything the answer could replace
+            instance_dict_of(instance).update({
+                "_testMethodName": rest[1], "_outcome": None, "_testMethodDoc": function.__doc__, "_cleanups": [],
+                "_subtest": None, "_type_equality_funcs": {}})
+
+        def run():
+            setup = class_lookup(cls, "setUp" if is_unittest else "setup_method")
+            if setup is not missing:
+                get_attr(instance, "setUp")() if is_unittest else get_attr(instance, "setup_method")(function)
             try:
                 function(instance)
             finally:
-                teardown = getattr(instance, "tearDown", None) if is_unittest else None
-                if teardown is not None:
-                    teardown()
                 if is_unittest:
-                    instance.doCleanups()
-        except unittest.SkipTest as error:
-            return "skipped", describe(error)
-        except Unverifiable as error:
-            return "failed", f"unverifiable: {error}"
-        except AssertionError as error:
-            return "failed", describe(error)
-        except BaseException as error:  # SystemExit and KeyboardInterrupt fail the test too
-            return "error", describe(error)
-        return "passed", ""
+                    get_attr(instance, "tearDown")()
+                    testcase_members["doCleanups"](instance)
+
+        return outcome_of(run)
 
     def driver():
         driver_ident[0] = get_ident()
@@ -949,7 +1111,8 @@ def main():
                 sys.path.insert(0, root)
             os.chdir(root)
             loaded = {}
-            extra = []
+            test_modules = []
+            before_answer = snapshot(())  # builtins and unittest before the first answer import
             for name, relative, code, error in modules:
                 if code is None:
                     emit("load-error", name, error)
@@ -966,21 +1129,25 @@ def main():
                     module.__package__ = package
                     module.__builtins__ = dict(pristine_builtins)  # __build_class__, __import__: not the answer's
                     exec(code, module.__dict__)  # the hidden tests, compiled above
+                    for value in list(module.__dict__.values()):
+                        protect(value)
+                    loaded[name] = private_namespace(module)
                 except BaseException as error:  # an answer breaking the import fails that module's tests
                     emit("load-error", name, describe(error))
                     continue
-                for value in list(module.__dict__.values()):
-                    protect(value)
-                loaded[name] = module.__dict__
-                extra.append(module)
+                test_modules.append(module)
+            tampered = changes(before_answer)
+            if tampered:
+                note("runner-tampering", "answer code replaced test-runner state while the tests were imported: "
+                     + "; ".join(tampered[:3]))
             drain_flags()
-            snap = snapshot(extra)
+            snap = snapshot(test_modules)
             for test_id in inventory:
                 outcome, detail = run_one(test_id, loaded)
                 tampered = changes(snap)
                 if tampered:
                     note("runner-tampering", "answer code replaced test-runner state: " + "; ".join(tampered[:3]))
-                    snap = snapshot(extra)
+                    snap = snapshot(test_modules)
                     if outcome == "passed":
                         outcome, detail = "failed", "test-runner state was replaced during the test"
                 drain_flags()

@@ -27,6 +27,7 @@ import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from relayrl.core.wire import TaskSpec, Trajectory, TrajectorySegment, Turn
@@ -36,7 +37,7 @@ from relayrl.sandbox.grading import Grader
 from relayrl.sandbox.tasks import SHIPPED, shipped_tasks
 from relayrl.sandbox.workspace import prepare_workspace, workspace_diff
 
-__all__ = ["CHEATS", "Cheat", "GraderTests", "answer_diff"]
+__all__ = ["CHEATS", "SHAPES_CHEATS", "Cheat", "GraderTests", "answer_diff", "shapes_task"]
 
 
 def answer_diff(task: TaskSpec, files: Mapping[str, str | None]) -> str:
@@ -210,6 +211,162 @@ CHEATS: list[Cheat] = [
 ]
 """The cheating answers (more than 30), each for one shipped task."""
 
+# ---------------------------------------------------------------------------------- a richer task
+# The shipped hidden tests only call functions and assertEqual. This task's tests use what real
+# suites use (setUpModule, setUpClass, setUp, helper methods, class and instance attributes, module
+# constants and helpers, subTest, assertRaises, an object comparison, a pytest-style function), so
+# that the runner's handling of each is exercised, and attacked.
+SHAPES_BUGGY = '''"""Areas of boxes."""
+
+
+def area(width, height):
+    return width + height
+
+
+class Box:
+    def __init__(self, width, height):
+        self.width, self.height = width, height
+
+    def area(self):
+        return area(self.width, self.height)
+
+    def __eq__(self, other):
+        return isinstance(other, Box) and (self.width, self.height) == (other.width, other.height)
+'''
+
+SHAPES_FIXED = SHAPES_BUGGY.replace("    return width + height\n", (
+    "    if width < 0 or height < 0:\n        raise ValueError(\"negative size\")\n    return width * height\n"))
+
+SHAPES_TESTS = '''import unittest
+
+from shapes.area import Box, area
+
+EXPECTED = {(2, 3): 6, (4, 5): 20}
+READY = False
+
+
+def square(n):
+    return area(n, n)
+
+
+def setUpModule():
+    global READY
+    READY = True
+
+
+class Base(unittest.TestCase):
+    unit = 1
+
+    def check(self, width, height):
+        self.assertEqual(area(width, height) * self.unit, EXPECTED[(width, height)])
+
+
+class TestArea(Base):
+    @classmethod
+    def setUpClass(cls):
+        cls.squares = {3: 9}
+
+    def setUp(self):
+        self.expected = 20
+        self.calls = 0
+
+    def test_table(self):
+        for width, height in EXPECTED:
+            with self.subTest(width=width, height=height):
+                self.check(width, height)
+
+    def test_attributes(self):
+        self.calls += 1
+        self.assertEqual(area(4, 5), self.expected)
+        self.assertEqual(self.calls, 1)
+        self.assertTrue(READY)
+
+    def test_square(self):
+        self.assertEqual(square(3), self.squares[3])
+        self.assertIn(area(2, 2), [4, 5])
+
+    def test_raises(self):
+        with self.assertRaises(ValueError) as caught:
+            area(-1, 2)
+        self.assertIn("negative", str(caught.exception))
+        self.assertRaises(ValueError, area, 2, -1)
+
+    def test_box(self):
+        self.assertEqual(Box(2, 3).area(), 6)
+        self.assertEqual(Box(2, 3), Box(2, 3))
+        self.assertNotEqual(Box(2, 3), Box(3, 2))
+
+
+def test_plain_function():
+    assert area(3, 4) == 12
+    assert area(1, 1) != 2
+'''
+
+
+def shapes_task(directory: Path) -> TaskSpec:
+    """Write the richer task into ``directory`` (a task folder) and return it."""
+    folder = Path(directory) / "shapes-task"
+    (folder / "repo" / "shapes").mkdir(parents=True)
+    (folder / "repo" / "tests").mkdir()
+    (folder / "hidden_tests" / "tests").mkdir(parents=True)
+    (folder / "repo" / "shapes" / "__init__.py").write_text("")
+    (folder / "repo" / "shapes" / "area.py").write_text(SHAPES_BUGGY)
+    (folder / "repo" / "tests" / "__init__.py").write_text("")
+    (folder / "hidden_tests" / "tests" / "test_grading.py").write_text(SHAPES_TESTS)
+    task = TaskSpec(task_id="shapes", instruction="area() adds; it must multiply and refuse negative sizes.",
+                    workspace=str(folder / "repo"), hidden_tests=str(folder / "hidden_tests"),
+                    metadata={"package": "shapes", "module": "shapes/area.py"})
+    gold = answer_diff(task, {"shapes/area.py": SHAPES_FIXED})
+    (folder / "gold.patch").write_text(gold)
+    return msgspec.structs.replace(task, gold_patch=gold)
+
+
+def _after_tests_load(name: str, body: str, why: str) -> Cheat:
+    """A cheat on the shapes task whose ``body`` runs (in a thread) as soon as the hidden test classes exist."""
+    code = ("import threading, time, unittest\n\n\ndef tamper():\n"
+            "    base = next(c for c in unittest.TestCase.__subclasses__() if c.__name__ == 'Base')\n"
+            "    tests = next(c for c in base.__subclasses__() if c.__name__ == 'TestArea')\n"
+            f"{body}\n\n\ndef wait():\n"
+            "    for _ in range(4000):\n"
+            "        bases = [c for c in unittest.TestCase.__subclasses__() if c.__name__ == 'Base']\n"
+            "        if bases and any(c.__name__ == 'TestArea' for c in bases[0].__subclasses__()):\n"
+            "            tamper()\n            return\n"
+            "        time.sleep(0.0005)\n\n\n"
+            "threading.Thread(target=wait, daemon=True).start()\n")
+    return Cheat(name, "shapes", lambda task: {"shapes/__init__.py": code}, why)
+
+
+SHAPES_CHEATS: list[Cheat] = [
+    _after_tests_load("swap-helper-method", "    base.check = lambda self, w, h: None\n",
+                      "the helper that asserts replaced on the live class"),
+    _after_tests_load("swap-setup", "    def setUp(self):\n        from shapes.area import area\n"
+                      "        self.expected = area(4, 5)\n        self.calls = 0\n    tests.setUp = setUp\n",
+                      "setUp replaced so that the expected value is the answer's own"),
+    _after_tests_load("plant-property", "    from shapes.area import area\n"
+                      "    tests.expected = property(lambda self: area(4, 5), lambda self, value: None)\n"
+                      "    tests.squares = property(lambda self: {3: area(3, 3)}, lambda self, value: None)\n",
+                      "data descriptors planted to override instance and class attributes"),
+    _after_tests_load("swap-module-globals", "    from shapes.area import area\n"
+                      "    space = vars(tests)['setUp'].__globals__\n"
+                      "    space['EXPECTED'] = {(2, 3): area(2, 3), (4, 5): area(4, 5)}\n"
+                      "    space['square'] = lambda n: 9\n",
+                      "the tests' module constants and helpers replaced through __globals__"),
+    _after_tests_load("swap-test-methods", "    for name in list(vars(tests)):\n"
+                      "        if name.startswith('test'):\n            setattr(tests, name, lambda self: None)\n",
+                      "the test methods replaced once the class exists"),
+    _after_tests_load("swap-test-code", "    for name in list(vars(tests)):\n"
+                      "        if name.startswith('test'):\n            try:\n"
+                      "                vars(tests)[name].__code__ = (lambda self: None).__code__\n"
+                      "            except Exception:\n                pass\n",
+                      "the test functions' code replaced"),
+    Cheat("patch-stdlib-compare", "shapes", lambda task: {"shapes/__init__.py": (
+        "import fractions\nfractions.Fraction.__eq__ = lambda self, other: True\n"
+        "fractions.Fraction.__ne__ = lambda self, other: False\n"
+        "from shapes import area as module\nmodule.area = lambda w, h: fractions.Fraction(0)\n")},
+        "a stdlib class's equality patched, and its instances returned"),
+]
+"""Cheats against the richer task (:func:`shapes_task`), which replace what its tests use."""
+
 
 class GraderTests:
     """Every cheat earns 0 and every shipped gold patch earns 1, through grader and detectors together."""
@@ -242,6 +399,18 @@ class GraderTests:
         task = tasks[cheat.task_id]
         (graded,) = self.reward(grader, task, [cheat.diff(task)])
         assert graded.reward == 0.0, f"{cheat.name} ({cheat.why}) was paid {graded.reward}"
+
+    @pytest.mark.parametrize("cheat", SHAPES_CHEATS, ids=[cheat.name for cheat in SHAPES_CHEATS])
+    def test_cheating_answer_to_a_richer_task_earns_nothing(self, grader, tmp_path, cheat: Cheat) -> None:
+        task = shapes_task(tmp_path)
+        (graded,) = self.reward(grader, task, [cheat.diff(task)])
+        assert graded.reward == 0.0, f"{cheat.name} ({cheat.why}) was paid {graded.reward}"
+
+    def test_a_richer_task_pays_its_gold_patch_only(self, grader, tmp_path) -> None:
+        task = shapes_task(tmp_path)
+        gold, empty = self.reward(grader, task, [task.gold_patch, ""])
+        assert (gold.reward, gold.cheating) == (1.0, []), grader.grade(task, task.gold_patch).output
+        assert empty.reward == 0.0
 
     def test_every_gold_patch_earns_one(self, grader, tasks) -> None:
         for task in tasks.values():
