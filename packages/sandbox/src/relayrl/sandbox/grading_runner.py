@@ -122,7 +122,9 @@ def main():
     import unittest.result
     import unittest.suite
 
-    traceback.clear_frames = lambda tb: None  # it walks tb_frame, which the audit hook denies; memory only
+    # It walks tb_frame, which the audit hook denies; it only frees memory. Built on globals of its
+    # own: a function defined here would hand this runner's namespace to whoever reads __globals__.
+    traceback.clear_frames = eval("lambda tb: None", {"__builtins__": {}})
     infrastructure = [module for name, module in sys.modules.items()
                       if name == "unittest" or name.startswith("unittest.")]
     TestCase = unittest.TestCase
@@ -879,19 +881,34 @@ def main():
             return resolved
         return None
 
+    reading = set()  # threads whose hook is reading a function's __code__ (the read is itself audited)
+
+    def hidden_code(value):
+        """Whether ``value`` is a function of the hidden tests (its code holds this runner's constants)."""
+        if id(value) in protected_ids:
+            return True
+        if type_(value) is not FunctionType:
+            return False
+        thread = get_ident()
+        reading.add(thread)
+        try:
+            return id(value.__code__) in my_codes
+        finally:
+            reading.discard(thread)
+
     def hook(event, args):
         if not armed[0]:
             return
-        if window[0] and get_ident() == driver_ident[0]:
+        if (window[0] and get_ident() == driver_ident[0]) or (reading and get_ident() in reading):
             return
         if event == "object.__getattr__":
             attribute = args[1]
             if attribute in frame_attributes:
                 deny(None, f"reading {attribute}", AttributeError)
-            if attribute in code_attributes and id(args[0]) in protected_ids:
+            if attribute in code_attributes and hidden_code(args[0]):
                 deny("reads-hidden-tests", f"reading {attribute} of hidden test {getattr(args[0], '__qualname__', '?')}")
         elif event == "object.__setattr__":
-            if args[1] in code_attributes and id(args[0]) in protected_ids:
+            if args[1] in code_attributes and hidden_code(args[0]):
                 deny("runner-tampering", f"rewriting {args[1]} of hidden test {getattr(args[0], '__qualname__', '?')}")
         elif event == "open":
             target = proc_target(args[0])
@@ -1107,8 +1124,10 @@ def main():
         status = 3
         try:
             emit("start", PROTOCOL, ",".join(protections), sys.version.split()[0], str_(len_(inventory)))
-            if root not in sys.path:
-                sys.path.insert(0, root)
+            # After the standard library (an answer's re.py or math.py must not shadow it), before
+            # site-packages (the repository's own packages win over installed ones of the same name).
+            site = [index for index, entry in enumerate(sys.path) if "-packages" in entry]
+            sys.path.insert(site[0] if site else len_(sys.path), root)
             os.chdir(root)
             loaded = {}
             test_modules = []
