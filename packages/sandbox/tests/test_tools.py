@@ -102,3 +102,19 @@ def test_async_execute_for_the_rollout_agent_loop(toolbox):
     results = asyncio.run(toolbox.execute(calls))
     assert [result.output for result in results] == ["0\n", "1\n", "2\n"]
     assert "bash" in toolbox.tool_names and list(toolbox.tool_names) == sorted(toolbox.tool_names)
+
+
+def test_the_tools_treat_the_sandboxs_files_as_hostile(toolbox):
+    """A FIFO blocks no tool; a huge file costs the host a bounded read; parallel writes share a new directory."""
+    run(toolbox, "bash", command="mkfifo trap; head -c 50000000 /dev/zero | tr '\\0' 'x' > huge.txt; echo >> huge.txt")
+    for name, arguments in (("write_file", {"path": "trap", "content": "x"}), ("read_file", {"path": "trap"}),
+                            ("edit", {"path": "trap", "old": "a", "new": "b"})):
+        result = run(toolbox, name, **arguments)
+        assert result.error and "regular file" in result.error or "No such device" in result.error, result
+    huge = run(toolbox, "read_file", path="huge.txt", start_line=2)
+    assert huge.error and "larger than" in huge.error
+    assert "larger than" in run(toolbox, "edit", path="huge.txt", old="x", new="y", count=1).error
+    results = toolbox.run_turn([call("write_file", path=f"fresh/dir/file{index}.txt", content=str(index))
+                                for index in range(8)])
+    assert [result.error for result in results] == [None] * 8
+    assert run(toolbox, "bash", command="cat fresh/dir/file*.txt").output == "01234567"

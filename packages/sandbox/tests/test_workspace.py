@@ -156,3 +156,17 @@ def test_diff_never_runs_git_in_the_agents_tree(tmp_path):
     diff = workspace_diff(before, after)
     assert "+b" in diff and ".git" not in diff
     assert not marker.exists()
+
+
+def test_a_huge_file_costs_the_host_little_and_cannot_be_applied(tmp_path):
+    from relayrl.sandbox.workspace import MAX_DIFF_FILE_BYTES
+
+    before, after = tmp_path / "before", tmp_path / "after"
+    for tree in (before, after):
+        tree.mkdir()
+        (tree / "same.bin").write_bytes(b"x" * (2 * MAX_DIFF_FILE_BYTES))  # big, unchanged: no diff
+    (after / "huge.txt").write_bytes(b"a\n" * MAX_DIFF_FILE_BYTES)
+    os.mkfifo(after / "pipe")  # a FIFO is neither read nor diffed
+    diff = workspace_diff(before, after)
+    assert "same.bin" not in diff and "pipe" not in diff
+    assert "Binary files a/huge.txt and b/huge.txt differ" in diff and len(diff) < 1000

@@ -141,8 +141,11 @@ class Sandbox(abc.ABC):
         """
 
     @abc.abstractmethod
-    def read_file(self, path: str) -> bytes:
-        """The bytes of workspace file ``path``."""
+    def read_file(self, path: str, *, limit: int | None = None) -> bytes:
+        """The bytes of workspace file ``path``, at most ``limit`` of them.
+
+        The file is the sandbox's, hence hostile: a FIFO or device is refused, never waited on.
+        """
 
     @abc.abstractmethod
     def write_file(self, path: str, data: bytes | str) -> None:

@@ -117,6 +117,19 @@ def _remove(directory: Path) -> None:
     raise CgroupError(f"cannot remove cgroup {directory}")
 
 
+def _oom_kills(directory: Path) -> int:
+    """The ``oom_kill`` count of a memory cgroup (v1 ``memory.oom_control``, v2 ``memory.events``)."""
+    for name in ("memory.oom_control", "memory.events"):
+        try:
+            for line in (directory / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return 0
+
+
 class CommandCgroup:
     """The cgroup(s) of one command: join with :attr:`procs_files`; :meth:`kill` and :meth:`remove` after."""
 
@@ -131,6 +144,11 @@ class CommandCgroup:
 
     def kill(self) -> int:
         return _kill_members(self.directories)
+
+    def oom_kills(self) -> int:
+        """OOM kills of this command's processes. On cgroup v1 they are counted only here, in the
+        cgroup of the killed process, not in the sandbox's cgroup whose limit was hit."""
+        return _oom_kills(self.directories[0])
 
     def remove(self) -> None:
         self.kill()
@@ -186,15 +204,7 @@ class SandboxCgroup:
             return 0
 
     def oom_kills(self) -> int:
-        path = self.directories[0] / ("memory.oom_control" if self.version == "v1" else "memory.events")
-        try:
-            for line in path.read_text().splitlines():
-                key, _, value = line.partition(" ")
-                if key == "oom_kill":
-                    return int(value)
-        except (OSError, ValueError):
-            pass
-        return 0
+        return _oom_kills(self.directories[0])
 
     def remove(self) -> None:
         """Kill anything left in the sandbox's cgroups and remove them (children first)."""

@@ -286,24 +286,26 @@ class LocalSandbox(Sandbox):
         data = stdin.encode() if isinstance(stdin, str) else stdin
         command_cgroup = self.cgroup.command() if self.cgroup else None
         oom_before = self.cgroup.oom_kills() if self.cgroup else 0
+        command_oom = 0
         try:
             result = run_wrapped(self.backend.wrap(self, argv, str(directory)), limits=self.limits, timeout=timeout,
                                  env=environment, cwd=str(directory), cgroup=command_cgroup, stdin=data)
         finally:
             if command_cgroup is not None:
+                command_oom = command_cgroup.oom_kills()  # before it goes: cgroup v1 counts them only there
                 command_cgroup.remove()
         if self.cgroup is not None:
             peak = self.cgroup.peak_memory()
-            oom = self.cgroup.oom_kills() > oom_before
+            oom = self.cgroup.oom_kills() > oom_before or command_oom > 0
             if peak or oom:
                 result = dataclasses.replace(
                     result, peak_memory_bytes=peak or result.peak_memory_bytes,
                     killed_reason=result.killed_reason or ("memory-limit" if oom else None))
         return result
 
-    def read_file(self, path: str) -> bytes:
+    def read_file(self, path: str, *, limit: int | None = None) -> bytes:
         self._check_open()
-        return read_beneath(str(self.workdir), path)
+        return read_beneath(str(self.workdir), path, limit=limit)
 
     def write_file(self, path: str, data: bytes | str) -> None:
         self._check_open()

@@ -45,9 +45,13 @@ def _parent_fd(root: str, parts: list[str], *, create: bool, owner: tuple[int, i
             except FileNotFoundError:
                 if not create:
                     raise
-                os.mkdir(part, 0o755, dir_fd=fd)
+                try:
+                    os.mkdir(part, 0o755, dir_fd=fd)
+                    made = True
+                except FileExistsError:  # a concurrent write_file made it first: use theirs
+                    made = False
                 next_fd = os.open(part, _DIR_FLAGS, dir_fd=fd)
-                if owner is not None:
+                if owner is not None and made:
                     os.fchown(next_fd, *owner)
             except (NotADirectoryError, OSError) as exc:
                 if isinstance(exc, FileNotFoundError):
@@ -89,13 +93,17 @@ def open_beneath(root: str, path: str, flags: int, mode: int = 0o644, *,
 
 
 def read_beneath(root: str, path: str, *, limit: int | None = None) -> bytes:
+    """The bytes of ``root/path`` (at most ``limit``): a regular file only, never blocking on a FIFO."""
     fd = open_beneath(root, path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as handle:
         return handle.read() if limit is None else handle.read(limit)
 
 
 def write_beneath(root: str, path: str, data: bytes, *, owner: tuple[int, int] | None = None) -> None:
-    fd = open_beneath(root, path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, owner=owner)
+    """Write ``root/path``: a regular file only. O_NONBLOCK: opening a FIFO the sandbox planted fails
+    at once (or is refused as not regular) instead of blocking the host until something reads it."""
+    fd = open_beneath(root, path, os.O_WRONLY | os.O_CREAT | os.O_NONBLOCK, owner=owner)
+    os.ftruncate(fd, 0)  # after the regular-file check in open_beneath, never on a FIFO or device
     with os.fdopen(fd, "wb") as handle:
         handle.write(data)
 

@@ -133,11 +133,27 @@ class ToolBox:
         result = self.sandbox.exec(command, timeout=self._timeout(timeout))
         return result.output, result.exit_status, result.truncated
 
+    @property
+    def max_file_bytes(self) -> int:
+        """The most a file tool reads of one file: the host's memory per call stays bounded, whatever
+        the sandbox planted (a file of the sandbox's size limit would otherwise be read whole)."""
+        return 64 * self.max_output_bytes
+
+    def _read(self, path: str) -> tuple[bytes, bool]:
+        data = self.sandbox.read_file(path, limit=self.max_file_bytes + 1)
+        return data[:self.max_file_bytes], len(data) > self.max_file_bytes
+
     def read_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> tuple[str, int, bool]:
         """Lines ``start_line..end_line`` (1-based, inclusive) of ``path``, each prefixed with its number."""
-        lines = self.sandbox.read_file(path).decode(errors="replace").splitlines()
         if start_line < 1 or (end_line is not None and end_line < start_line):
             raise ToolError(f"read_file {path}: invalid line range {start_line}..{end_line}")
+        data, cut = self._read(path)
+        lines = data.decode(errors="replace").splitlines()
+        if cut:
+            lines = lines[:-1]  # the last line may be partial
+            if start_line > len(lines):
+                raise ToolError(f"read_file {path}: the file is larger than {self.max_file_bytes} bytes and line "
+                                f"{start_line} lies beyond them; use bash (sed -n) for it")
         selected = lines[start_line - 1:end_line]
         width = len(str(start_line + len(selected)))
         text = "".join(f"{number:>{width}}\t{line}\n" for number, line in enumerate(selected, start_line))
@@ -155,7 +171,10 @@ class ToolBox:
         """Replace ``old`` by ``new``; ``old`` must occur exactly once, or exactly ``count`` times."""
         if not old:
             raise ToolError("edit: old must not be empty")
-        text = self.sandbox.read_file(path).decode()
+        data, cut = self._read(path)
+        if cut:
+            raise ToolError(f"edit {path}: the file is larger than {self.max_file_bytes} bytes; edit it with bash")
+        text = data.decode()
         found = text.count(old)
         if found == 0:
             raise ToolError(f"edit {path}: old text not found")

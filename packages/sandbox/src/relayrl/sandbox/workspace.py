@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import hashlib
 import os
 import shutil
 import stat
@@ -159,8 +160,17 @@ def prepare_workspace(task: TaskSpec, destination: str | Path, *, reference_glob
 
 
 # ------------------------------------------------------------------------------ diffs
+MAX_DIFF_FILE_BYTES = 1024 * 1024
+"""A file larger than this is not diffed as text (it is listed as binary, so it cannot be applied):
+the host's memory and time per answer stay bounded whatever the sandbox wrote (difflib is quadratic)."""
+
+
 def _entries(root: Path) -> dict[str, tuple[str, bytes]]:
-    """Regular files and symlinks below ``root`` (``.git`` excluded): path -> (kind, content)."""
+    """Regular files and symlinks below ``root`` (``.git`` excluded): path -> (kind, content).
+
+    A file over :data:`MAX_DIFF_FILE_BYTES` is represented by a marker and its SHA-256 (read in
+    blocks): unchanged, it compares equal; changed, its diff is a binary one.
+    """
     entries = {}
     for relative, info in walk_beneath(str(root)):
         if relative == ".git" or relative.startswith(".git/"):
@@ -170,8 +180,17 @@ def _entries(root: Path) -> dict[str, tuple[str, bytes]]:
         elif stat.S_ISREG(info.st_mode):
             fd = os.open(root / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
             with os.fdopen(fd, "rb") as handle:
-                entries[relative] = ("exec" if info.st_mode & 0o111 else "file", handle.read())
+                content = handle.read(MAX_DIFF_FILE_BYTES + 1)
+                if len(content) > MAX_DIFF_FILE_BYTES:  # equal only to itself, and never decodable
+                    digest = hashlib.sha256(content)
+                    for block in iter(lambda: handle.read(1 << 20), b""):
+                        digest.update(block)
+                    content = _TOO_LARGE + digest.digest()
+            entries[relative] = ("exec" if info.st_mode & 0o111 else "file", content)
     return entries
+
+
+_TOO_LARGE = b"\xff relayrl: larger than MAX_DIFF_FILE_BYTES"
 
 
 def _mode(kind: str) -> str:

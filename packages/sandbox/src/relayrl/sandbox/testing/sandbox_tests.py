@@ -298,6 +298,8 @@ class SandboxTests:
             "    chunks.append(bytearray(16 * 1024 * 1024))\n"), timeout=15)
         assert result.exit_status != 0 and not result.timed_out
         assert "MemoryError" in result.stderr or result.exit_status == 128 + signal.SIGKILL
+        if result.exit_status == 128 + signal.SIGKILL:  # an OOM kill says so (on cgroup v1 too)
+            assert result.killed_reason == "memory-limit", result
 
     def test_hostile_memory_bomb_in_child_processes_is_stopped(self, backend, sandbox):
         self.requires(backend, "memory-limit", "tree-kill")
