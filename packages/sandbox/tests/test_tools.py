@@ -110,7 +110,7 @@ def test_the_tools_treat_the_sandboxs_files_as_hostile(toolbox):
     for name, arguments in (("write_file", {"path": "trap", "content": "x"}), ("read_file", {"path": "trap"}),
                             ("edit", {"path": "trap", "old": "a", "new": "b"})):
         result = run(toolbox, name, **arguments)
-        assert result.error and "regular file" in result.error or "No such device" in result.error, result
+        assert result.error and ("regular file" in result.error or "No such device" in result.error), result
     huge = run(toolbox, "read_file", path="huge.txt", start_line=2)
     assert huge.error and "larger than" in huge.error
     assert "larger than" in run(toolbox, "edit", path="huge.txt", old="x", new="y", count=1).error
