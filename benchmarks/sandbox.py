@@ -8,8 +8,10 @@ Every row runs the same tool call, ``bash -c 'echo hi'``:
 
 Columns: latency p50 and p95 of serial calls, calls/s serial, calls/s for turns of 8 concurrent
 calls (the agent loop's default), and the cost of creating + closing a sandbox (copy, tmpfs mount,
-cgroups, uid). A last section grades 8 answers to one shipped task in one grading sandbox (what
-``Grader.grade_group`` does) against 8 sandboxes, one per answer.
+cgroups, uid). A last section grades 8 answers to one shipped task the way the grader does (a fresh
+grading sandbox per answer, the evidence runner, signed records) against the bare baseline of the
+same work: the hidden tests run by ``python3 -m unittest`` in a subprocess on a patched copy,
+without any isolation or evidence; the ratio is what an unforgeable verdict costs.
 
     python benchmarks/sandbox.py            # 200 calls per row (run as root for full isolation)
     python benchmarks/sandbox.py --quick    # 20 calls, a CI smoke run
@@ -89,21 +91,30 @@ def backend_row(backend, seed: Path, calls: int, turns: int) -> dict[str, float]
 
 
 def grading_rows(backend, answers: int) -> tuple[float, float]:
-    """Seconds to grade ``answers`` copies of a gold patch: one grading sandbox vs one per answer."""
+    """Seconds to grade ``answers`` gold patches: the bare unittest baseline, then the grader."""
+    import shutil
+
     from relayrl.sandbox.grading import Grader
     from relayrl.sandbox.tasks import shipped_tasks
+    from relayrl.sandbox.workspace import apply_patch_locally, prepare_workspace
 
     task = next(task for task in shipped_tasks() if task.task_id == "median")
+    start = time.perf_counter()
+    for _ in range(answers):
+        with tempfile.TemporaryDirectory(prefix="relayrl-bench-bare-") as temp:
+            tree = Path(temp) / "tree"
+            prepare_workspace(task, tree)
+            apply_patch_locally(tree, task.gold_patch)
+            shutil.copytree(task.hidden_tests, tree, dirs_exist_ok=True)
+            subprocess.run(["python3", "-m", "unittest", "discover", "-s", "tests", "-t", "."], cwd=tree, check=True,
+                           capture_output=True)
+    bare = time.perf_counter() - start
     grader = Grader(backend)
     start = time.perf_counter()
     reports = grader.grade_group(task, [task.gold_patch] * answers)
-    grouped = time.perf_counter() - start
-    assert all(report.passed for report in reports), reports[0]
-    start = time.perf_counter()
-    for _ in range(answers):
-        assert grader.grade(task, task.gold_patch).passed
-    separate = time.perf_counter() - start
-    return grouped, separate
+    graded = time.perf_counter() - start
+    assert all(report.passed and report.verdict == "evidence" for report in reports), reports[0]
+    return bare, graded
 
 
 def main() -> None:
@@ -146,9 +157,9 @@ def main() -> None:
 
     answers = 4 if args.quick else 8
     for name, backend in available.items():
-        grouped, separate = grading_rows(backend, answers)
-        print(f"grading {answers} answers with {name}: one grading sandbox {grouped:.2f} s, "
-              f"one sandbox per answer {separate:.2f} s ({separate / grouped:.2f}x)")
+        bare, graded = grading_rows(backend, answers)
+        print(f"grading {answers} answers with {name}: bare unittest (baseline) {bare / answers * 1e3:.0f} ms each, "
+              f"grader (sandbox per answer, evidence) {graded / answers * 1e3:.0f} ms each ({graded / bare:.2f}x)")
 
 
 if __name__ == "__main__":

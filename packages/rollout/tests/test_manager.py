@@ -217,3 +217,62 @@ def test_zero_variance_groups_are_counted_but_not_committed(tmp_path):
     counters = read_fleet_counters(store)["rollout-0"]
     assert counters["reward_count"] == 8 and counters["reward_sum"] == 6  # 2x(1+1) + 2x(1+0)
     assert manager.metrics()["fleet/zero_variance_skipped"] == 2
+
+
+def test_the_code_environment_hides_the_task_folder_and_the_run_directory(request):
+    """Agents and graders alike: a user task folder (gold patch, originals, hidden tests) and the run
+    directory are invisible by absolute path, through the real `code` environment."""
+    import os
+    import shutil
+    import uuid
+    from pathlib import Path
+
+    import msgspec
+
+    from relayrl.rollout.environments import CodeEnvironment, CodeEnvironmentConfig
+    from relayrl.sandbox import SandboxSection
+    from relayrl.sandbox.tasks import SHIPPED
+    from relayrl.sandbox.testing import answer_diff
+    from relayrl.sandbox.testing import call as tool_call
+
+    # Outside /tmp, which every sandbox sees as a private tmpfs anyway, and world-readable: only the
+    # masks can hide it.
+    base = Path("/var/lib") if os.access("/var/lib", os.W_OK) else Path.home()
+    tmp_path = base / f"relayrl-test-{uuid.uuid4().hex[:8]}"
+    tmp_path.mkdir(mode=0o755)
+    request.addfinalizer(lambda: shutil.rmtree(tmp_path, ignore_errors=True))
+    shutil.copytree(SHIPPED / "bugfix" / "roman", tmp_path / "tasks" / "roman")
+    for directory, _, _ in os.walk(tmp_path):
+        os.chmod(directory, 0o755)
+    (tmp_path / "tasks" / "roman" / "repo" / "numerals" / "roman.py.orig").write_text("the original\n")
+    run_dir = tmp_path / "run"
+    (run_dir / "rollouts").mkdir(parents=True, mode=0o755)
+    os.chmod(run_dir, 0o755)
+    (run_dir / "rollouts" / "other-group.txt").write_text("another answer\n")
+    secrets = [tmp_path / "tasks" / "roman" / "gold.patch", tmp_path / "tasks" / "roman" / "repo" / "numerals" /
+               "roman.py.orig", tmp_path / "tasks" / "roman" / "hidden_tests" / "tests" / "test_grading.py",
+               run_dir / "rollouts" / "other-group.txt"]
+    section = SandboxSection(backend="process", require=[], hide_paths=[str(run_dir)])
+    environment = CodeEnvironment(CodeEnvironmentConfig(tasks=str(tmp_path / "tasks")), sandbox=section)
+    (task,) = environment.tasks()
+
+    async def agent_view() -> str:
+        async with environment.tools(task) as toolbox:
+            (result,) = await toolbox.execute([tool_call("bash", command=" ; ".join(f"cat {path}" for path in secrets))])
+            return result.output
+
+    assert all(text not in asyncio.run(agent_view()) for text in ("diff --git", "the original", "MCMXCIV",
+                                                                    "another answer"))
+    probe = ("import os\nSECRETS = " + repr([str(path) for path in secrets]) + "\n"
+             "VALUES = [(1000, 'M'), (900, 'CM'), (500, 'D'), (400, 'CD'), (100, 'C'), (90, 'XC'), (50, 'L'),\n"
+             "          (40, 'XL'), (10, 'X'), (9, 'IX'), (5, 'V'), (4, 'IV'), (1, 'I')]\n\n\n"
+             "def to_roman(number):\n"
+             "    for path in SECRETS:\n"
+             "        if os.path.exists(path) and os.path.getsize(path):\n"
+             "            raise AssertionError('visible while graded: ' + path)\n"
+             "    out = ''\n    for value, letters in VALUES:\n"
+             "        while number >= value:\n            out += letters\n            number -= value\n"
+             "    return out\n")
+    trajectory = wire.Trajectory(trajectory_id="t", task_id=task.task_id, group_id="g", sample_index=0, segments=[])
+    (graded,) = asyncio.run(environment.grade(task, [trajectory], [answer_diff(task, {"numerals/roman.py": probe})]))
+    assert graded.reward == 1.0, msgspec.structs.asdict(graded)

@@ -36,6 +36,7 @@ from relayrl.sandbox.api import (
 )
 from relayrl.sandbox.cgroups import CgroupError, SandboxCgroup
 from relayrl.sandbox.execution import run_wrapped
+from relayrl.sandbox.holder import host_unix_sockets
 from relayrl.sandbox.host import HostSupport, host_support
 from relayrl.sandbox.paths import read_beneath, relative_parts, walk_beneath, write_beneath
 
@@ -163,14 +164,17 @@ class LocalBackend(SandboxBackend):
     def masks(self, sandbox: LocalSandbox) -> tuple[list[str], list[str]]:
         """``(directories, files)`` to mask in ``sandbox``'s view of the host (existing paths only).
 
-        A path below a masked directory, or below /tmp, /var/tmp or /dev/shm (private in every
-        sandbox), is dropped: it is already invisible, and mounting on it would fail once its
-        parent is covered.
+        The hidden paths, and every unix socket bound on the host: connecting to one needs no write
+        access to its file system, so a read-only host does not stop it (abstract sockets belong to
+        the network namespace). A path below a masked directory, or below /tmp, /var/tmp or
+        /dev/shm (private in every sandbox), is dropped: it is already invisible, and mounting on it
+        would fail once its parent is covered.
         """
         directories: list[str] = list(_PRIVATE_MOUNTS)
         files: list[str] = []
         root = str(self.root.resolve())
-        for path in sorted(set(self.hide_paths) | set(sandbox.hide), key=lambda item: (item.count("/"), item)):
+        hidden = set(self.hide_paths) | set(sandbox.hide) | set(host_unix_sockets())
+        for path in sorted(hidden, key=lambda item: (item.count("/"), item)):
             if any(path == directory or path.startswith(directory + "/") for directory in directories):
                 continue
             if path == "/" or root == path or root.startswith(path + "/"):
@@ -220,8 +224,8 @@ class LocalSandbox(Sandbox):
         self._closed = False
         self._mounted = False
         self._prepared = False
-        self.namespace_holder: Path | None = None
-        """Where a backend keeps this sandbox's persistent namespaces (``process`` as root)."""
+        self.namespace_holder: subprocess.Popen[bytes] | None = None
+        """The process that keeps this sandbox's persistent namespaces (``process`` as root)."""
         self._uid: _UidClaim | None = None
         self.cgroup: SandboxCgroup | None = None
         capabilities = backend.capabilities()

@@ -1,35 +1,43 @@
 """The built-in ``process`` backend: util-linux ``unshare``, ``prlimit`` and ``setpriv`` around the command.
 
-As root (the usual case on RL workers) each sandbox gets, once, a mount and a network namespace
-kept in files (``unshare --mount=FILE --net=FILE``) in which the host is remounted read-only and
-/tmp, /var/tmp, /dev/shm and the masked task data are private tmpfs; then each command runs as::
+As root (the usual case on RL workers) each sandbox gets, once, a mount, an IPC and a network
+namespace, kept alive by a holder process (:mod:`relayrl.sandbox.holder`), in which every mount of
+the host is read-only, /tmp, /var/tmp, /dev/shm and the masked task data are private tmpfs, and the
+host's unix sockets are masked; then each command runs as::
 
-    nsenter --mount=FILE --net=FILE --
+    nsenter --target HOLDER --mount --ipc --net --
       unshare --pid --fork --kill-child --mount-proc -- /bin/sh -c 'cd -- "$0" || exit 126; "$@"' CWD
         prlimit --cpu=.. --fsize=.. --nofile=.. --nproc=.. [--as=..] --
           setpriv --reuid=U --regid=U --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
             /bin/bash -c COMMAND
 
-i.e. no network but its own (down) loopback, a PID namespace per command whose init is a shell
+i.e. no network but its own (down) loopback, no SysV IPC object or POSIX message queue shared with
+the host or another sandbox, a PID namespace per command whose init is a shell
 (when the command returns the shell exits, and the kernel kills every process left in the
 namespace; ``--kill-child`` does the same when ``unshare`` is killed), a read-only view of the host
 with private /tmp, /var/tmp and /dev/shm (kept for the sandbox's life, like a machine's), hard
 rlimits, and a per-sandbox uid without capabilities, so that it can neither undo the mounts nor
 write anything on the host but its workspace. Without root it falls
-back to a user namespace for the network and PID namespaces and reports the rest as missing.
+back to a user namespace for the network, IPC and PID namespaces and reports the rest as missing.
 """
 
 from __future__ import annotations
 
-import shlex
+import json
+import os
 import subprocess
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
+from relayrl.sandbox import holder
 from relayrl.sandbox.api import SandboxError
 from relayrl.sandbox.host import HostSupport
 from relayrl.sandbox.local import LocalBackend, LocalSandbox
 
 __all__ = ["ProcessBackend"]
+
+_HOLDER_SOURCE = Path(holder.__file__).read_text(encoding="utf-8")
 
 
 class ProcessBackend(LocalBackend):
@@ -60,45 +68,39 @@ class ProcessBackend(LocalBackend):
         return "pid-isolation" in self.capabilities() and self.support.root
 
     def prepare(self, sandbox: LocalSandbox) -> None:
-        """As root: build the sandbox's mount (and network) namespace once, and keep it in files.
+        """As root: build the sandbox's mount, IPC (and network) namespaces once, held by a process.
 
-        Each command then only enters it and adds a PID namespace, instead of re-creating the
+        Each command then only enters them and adds a PID namespace, instead of re-creating the
         namespaces and re-mounting everything: half the processes per tool call.
         """
         if not self._persistent():
             return
-        holder = sandbox.directory / "ns"
-        holder.mkdir(mode=0o700)
-        sandbox.namespace_holder = holder
-        # Namespace files can only be bind-mounted onto a mount with private propagation.
-        _run(["mount", "--bind", str(holder), str(holder)], "bind the namespace holder")
-        _run(["mount", "--make-private", str(holder)], "make the namespace holder private")
-        (holder / "mnt").touch()
-        namespaces = [f"--mount={holder / 'mnt'}"]
-        if self.network == "none":
-            (holder / "net").touch()
-            namespaces.append(f"--net={holder / 'net'}")
-        tmp_size = min(self.limits.disk_bytes, self.limits.memory_bytes)
         hidden_directories, hidden_files = self.masks(sandbox)
-        setup = " && ".join([
-            "mount -o remount,bind,ro /",
-            *(f"mount -t tmpfs -o size={tmp_size},mode=1777,nosuid,nodev tmpfs {shlex.quote(path)}"
-              for path in ("/tmp", "/var/tmp", "/dev/shm")),
-            *(f"mount -t tmpfs -o size=4k,mode=0555 tmpfs {shlex.quote(path)}" for path in hidden_directories),
-            *(f"mount --bind /dev/null {shlex.quote(path)}" for path in hidden_files),
-        ])
-        _run(["unshare", *namespaces, "--propagation", "private", "--", "/bin/sh", "-c", setup],
-             "set up the sandbox's namespaces")
+        spec = {"keep_writable": [str(sandbox.workdir)], "private": ["/tmp", "/var/tmp", "/dev/shm"],
+                "tmp_size": min(self.limits.disk_bytes, self.limits.memory_bytes),
+                "hidden_directories": hidden_directories, "hidden_files": hidden_files}
+        namespaces = ["--mount", "--ipc", *(["--net"] if self.network == "none" else [])]
+        process = subprocess.Popen(
+            ["unshare", *namespaces, "--propagation", "private", "--",
+             sys.executable, "-I", "-S", "-c", _HOLDER_SOURCE, json.dumps(spec)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            env={"PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")})
+        sandbox.namespace_holder = process
+        ready = process.stdout.readline() if process.stdout is not None else b""
+        if ready.strip() != b"ready":
+            process.kill()
+            error = process.stderr.read().decode(errors="replace").strip() if process.stderr else ""
+            raise SandboxError(f"cannot set up the sandbox's namespaces: {error or 'the holder exited'}")
 
     def release(self, sandbox: LocalSandbox) -> None:
-        holder = getattr(sandbox, "namespace_holder", None)
-        if holder is None:
+        process = getattr(sandbox, "namespace_holder", None)
+        if process is None:
             return
-        # Also after a prepare() that failed half-way: unmount whatever is mounted, innermost first.
-        for target in (holder / "mnt", holder / "net", holder):
-            mounted = str(target) in _mount_points()
-            if mounted and subprocess.run(["umount", str(target)], capture_output=True).returncode != 0:
-                subprocess.run(["umount", "--lazy", str(target)], capture_output=True)
+        process.kill()  # the namespaces go with their last process
+        process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
 
     def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str) -> list[str]:
         capabilities = self.capabilities()
@@ -106,15 +108,17 @@ class ProcessBackend(LocalBackend):
         if "pid-isolation" not in capabilities:
             return command
         if not self.support.root:
-            namespaces = ["--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--propagation", "private"]
+            namespaces = ["--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--propagation",
+                          "private"]
             if self.network == "none":
                 namespaces.insert(0, "--net")
             return ["unshare", "--user", "--map-root-user", *namespaces, "--", *command]
         holder = sandbox.namespace_holder
         assert holder is not None, "prepare() builds the namespaces before any command"
-        enter = ["nsenter", f"--mount={holder / 'mnt'}"]
-        if self.network == "none":
-            enter.append(f"--net={holder / 'net'}")
+        if holder.returncode is not None or _state(holder.pid) in ("Z", "X", None):
+            raise SandboxError(f"sandbox {sandbox.id}: its namespace holder (pid {holder.pid}) is gone")
+        # The holder is never reaped before release(): its PID cannot name another process meanwhile.
+        enter = ["nsenter", f"--target={holder.pid}", "--mount", "--ipc", *(["--net"] if self.network == "none" else [])]
         # A fresh PID namespace per command: its init is a shell, not the command (unshare 2.38
         # reports a signal death as status 1, and an init is shielded from its own signals);
         # when the command returns the shell exits and the kernel kills the rest. The shell also
@@ -130,12 +134,10 @@ class ProcessBackend(LocalBackend):
                 "--inh-caps=-all", "--bounding-set=-all", "--"]
 
 
-def _run(argv: list[str], what: str) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise SandboxError(f"cannot {what}: {' '.join(argv[:4])}: {result.stderr.strip()}")
-
-
-def _mount_points() -> set[str]:
-    with open("/proc/self/mountinfo") as handle:
-        return {line.split()[4] for line in handle}
+def _state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``R``, ``S``, ``Z`` ...), None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None

@@ -550,3 +550,86 @@ class SandboxTests:
             f"print(libc.ptrace(16, {os.getpid()}, 0, 0), ctypes.get_errno())\n"))  # PTRACE_ATTACH
         assert result.stdout.split()[0] == "-1"
 
+
+    # =========================================================================== hostile: channels to others
+    @staticmethod
+    def _host_mount(tmp_root: Path) -> Iterator[Path]:
+        """A writable tmpfs mounted on the host below ``tmp_root`` (a submount of a read-only host)."""
+        target = tmp_root / f"relayrl-submount-{uuid.uuid4().hex[:8]}"
+        target.mkdir(mode=0o777)
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(target)],
+                          capture_output=True).returncode != 0:
+            target.rmdir()
+            pytest.skip("mounting a tmpfs on the host needs root")
+        try:
+            yield target
+        finally:
+            subprocess.run(["umount", "--lazy", str(target)], capture_output=True)
+            target.rmdir()
+
+    def test_hostile_writes_to_a_submount_of_the_host_fail(self, backend, seed):
+        """Read-only means every mount: a writable submount (/run/lock, /dev/mqueue ...) is a channel
+        between sandboxes, from a grader to later agents too."""
+        self.requires(backend, "readonly-system")
+        for target in self._host_mount(Path("/var/lib")):
+            with backend.create(seed) as raw:
+                result = raw.exec(f"echo planted > {target}/note 2>&1; ls {target}")
+            assert not (target / "note").exists(), result.stdout
+
+    def test_hostile_sysv_ipc_does_not_outlive_the_sandbox(self, backend, seed):
+        """A shared-memory segment made in one sandbox is invisible to the next and to the host."""
+        self.requires(backend, "pid-isolation")
+        if shutil.which("ipcmk") is None:
+            pytest.skip("ipcmk (util-linux) is not installed")
+        with backend.create(seed) as first:
+            made = first.exec("ipcmk -M 4096 -p 0666 2>&1; ipcs -m")
+            ids = [line.split()[1] for line in made.stdout.splitlines() if line.startswith("0x")]
+        with backend.create(seed) as second:
+            seen = second.exec("ipcs -m").stdout
+        host = subprocess.run(["ipcs", "-m"], capture_output=True, text=True).stdout
+        for shmid in ids:
+            assert f" {shmid} " not in seen and f" {shmid} " not in host, (made.stdout, seen)
+
+    def test_hostile_host_unix_sockets_are_unreachable(self, backend, seed, tmp_path):
+        """A world-writable unix socket on the host (and an abstract one) cannot be reached: a file
+        system being read-only does not stop connect()."""
+        self.requires(backend, "network-none", "readonly-system")
+        directory = Path("/var/lib") / f"relayrl-socket-{uuid.uuid4().hex[:8]}"
+        directory.mkdir(mode=0o755)
+        path = directory / "service.sock"
+        servers = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in range(2)]
+        abstract = f"\0relayrl-{uuid.uuid4().hex[:8]}"
+        try:
+            servers[0].bind(str(path))
+            os.chmod(path, 0o777)
+            servers[1].bind(abstract)
+            for server in servers:
+                server.listen(4)
+            with backend.create(seed) as raw:
+                result = raw.exec(self.py(
+                    "import socket\n"
+                    f"for address in ({str(path)!r}, {abstract!r}):\n"
+                    "    client = socket.socket(socket.AF_UNIX)\n"
+                    "    try:\n"
+                    "        client.connect(address); print('connected')\n"
+                    "    except OSError as exc:\n"
+                    "        print('refused', exc.errno)\n"))
+            assert "connected" not in result.stdout and result.stdout.count("refused") == 2, result
+        finally:
+            for server in servers:
+                server.close()
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def test_creation_is_reliable(self, backend, seed):
+        """1,000 sandboxes created, used and closed in a row: every one works (no ordering assumption
+        about namespace ids, no leftover that makes the next one fail)."""
+        failures: dict[str, int] = {}
+        for _ in range(1000):
+            try:
+                with backend.create(seed) as raw:
+                    result = raw.exec("echo ok")
+                    if result.stdout != "ok\n":
+                        raise SandboxError(f"unexpected output {result.output[:200]!r}")
+            except SandboxError as exc:
+                failures[str(exc)[:200]] = failures.get(str(exc)[:200], 0) + 1
+        assert not failures, f"{sum(failures.values())} of 1000 creations failed: {failures}"

@@ -1,0 +1,124 @@
+"""A sandbox's persistent namespaces, kept alive by a holder process (no namespace files are mounted).
+
+The ``process`` backend builds a sandbox's mount, IPC and network namespaces once and lets every
+command enter them (``nsenter --target PID``). They used to be kept in bind-mounted namespace files;
+on recent kernels (6.18) the check that forbids mount-namespace loops compares namespace ids that
+are no longer ordered, and that bind mount failed with EINVAL in about half the calls inside
+containers. A process that sits in the namespaces keeps them just as well, with nothing mounted.
+
+The holder is this module's source run as root, under ``unshare --mount --ipc [--net]``, by an
+interpreter without ``site`` (it needs only the standard library, and starts in milliseconds)::
+
+    python3 -I -S -c SOURCE SPEC_JSON
+
+It makes the whole host read-only (every mount, recursively; a mount that refuses is covered by an
+empty read-only tmpfs instead), mounts the private tmpfs directories, masks the hidden paths (the
+backend's list includes every unix socket bound on the host), prints ``ready`` and sleeps until it
+is killed. Its PID stays
+reserved for the sandbox's life: the backend never reaps it before ``release``, so the PID cannot be
+reused by another process while commands still enter it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+
+__all__ = ["host_unix_sockets", "main", "mount_points"]
+
+
+def _unescape(field: str) -> str:
+    """A mountinfo field with its octal escapes (``\\040`` for a space) decoded."""
+    out, index = [], 0
+    while index < len(field):
+        if field[index] == "\\" and field[index + 1:index + 4].isdigit():
+            out.append(chr(int(field[index + 1:index + 4], 8)))
+            index += 4
+        else:
+            out.append(field[index])
+            index += 1
+    return "".join(out)
+
+
+def mount_points(mountinfo: str = "/proc/self/mountinfo") -> list[tuple[str, str]]:
+    """``(mount point, options)`` of every mount, outermost first."""
+    with open(mountinfo) as handle:
+        rows = [line.split() for line in handle]
+    return [(_unescape(row[4]), row[5]) for row in rows]
+
+
+def host_unix_sockets(table: str = "/proc/net/unix") -> list[str]:
+    """Paths of the unix sockets bound in this network namespace (abstract ones excluded)."""
+    try:
+        with open(table) as handle:
+            lines = handle.read().splitlines()[1:]
+    except OSError:
+        return []
+    paths = set()
+    for line in lines:
+        fields = line.split(None, 7)
+        if len(fields) == 8 and fields[7].startswith("/"):
+            paths.add(fields[7])
+    return sorted(paths)
+
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+_KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1024, "nodiratime": 2048,
+               "relatime": 1 << 21, "strictatime": 1 << 24}
+_libc = ctypes.CDLL(None, use_errno=True)  # mount(2) directly: one call per mount, not one process
+
+
+def _bytes(value: str | None) -> bytes | None:
+    return None if value is None else value.encode()
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    """mount(2); raises OSError naming the target."""
+    if _libc.mount(_bytes(source), _bytes(target), _bytes(fstype), ctypes.c_ulong(flags), _bytes(data)) != 0:
+        error = ctypes.get_errno()
+        raise OSError(error, f"mount {target}: {os.strerror(error)}")
+
+
+def _make_read_only(keep_writable: list[str]) -> list[str]:
+    """Remount every mount read-only but those at or below ``keep_writable``; return what had to be covered.
+
+    The flags a mount already has (``nosuid``, ``noexec`` ...) are kept: a bind remount sets them all.
+    """
+    covered = []
+    for point, options in mount_points():
+        if any(point == path or point.startswith(path + "/") for path in keep_writable):
+            continue
+        kept = sum(flag for name, flag in _KEPT_FLAGS.items() if name in options.split(","))
+        try:
+            _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+        except OSError:
+            if point == "/" or not os.path.isdir(point):
+                raise
+            # A mount that refuses to be read-only (locked, or a type that cannot) is hidden instead.
+            _mount("tmpfs", point, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+            covered.append(point)
+    return covered
+
+
+def main(spec: dict) -> None:
+    """Set up the namespaces this process is in (see the module docstring), then hold them."""
+    try:
+        _make_read_only(spec["keep_writable"])
+        for path in spec["private"]:
+            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_size']},mode=1777")
+        for path in spec["hidden_directories"]:
+            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+        for path in spec["hidden_files"]:
+            if os.path.lexists(path) and not os.path.isdir(path):
+                _mount("/dev/null", path, None, MS_BIND)
+    except OSError as error:  # a secret that cannot be hidden, a host that stays writable: no sandbox
+        raise SystemExit(str(error)) from None
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
+    os.execvp("sleep", ["sleep", "infinity"])
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))
