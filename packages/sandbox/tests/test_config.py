@@ -7,13 +7,34 @@ import pytest
 from relayrl.core.config import ConfigError, load_config
 from relayrl.core.plugins import create_plugin_manager, describe_hookspecs
 from relayrl.sandbox.api import CAPABILITIES, Limits, SandboxUnavailable
-from relayrl.sandbox.config import SandboxSection, backends, exploit_detectors, open_backend, task_sources
+from relayrl.sandbox.config import (
+    SandboxSection,
+    backends,
+    describe_protections,
+    exploit_detectors,
+    open_backend,
+    task_sources,
+)
 
 
-def test_defaults_validate_and_require_every_capability():
+def test_defaults_validate_and_require_what_an_unprivileged_user_namespace_provides():
     section = load_config({}).sandbox
-    assert isinstance(section, SandboxSection) and section.backend == "process" and section.network == "none"
-    assert sorted(section.require) == sorted(CAPABILITIES) and section.max_parallel_tools == 8
+    assert isinstance(section, SandboxSection) and section.backend == "auto" and section.network == "none"
+    assert section.require == ["network-none", "pid-isolation", "tree-kill"] and section.max_parallel_tools == 8
+    assert set(section.require) < set(CAPABILITIES)
+
+
+def test_auto_opens_the_backend_with_the_most_isolation_and_says_what_it_lacks():
+    try:
+        backend = open_backend(section=SandboxSection(require=[]))
+    except SandboxUnavailable as exc:
+        pytest.skip(f"no sandbox backend can start on this host: {exc}")
+    assert backend.name == "process"  # the only one registered here
+    line = describe_protections(backend)
+    assert line.startswith("sandbox: process with ") and "\n" not in line
+    for name in CAPABILITIES:
+        assert name in line
+    assert ("missing" in line) == (len(backend.capabilities()) < len(CAPABILITIES))
 
 
 @pytest.mark.parametrize("data, message", [
@@ -52,4 +73,4 @@ def test_open_backend_refuses_missing_capabilities_with_a_clear_error(monkeypatc
                         lambda: host.HostSupport(**{**support.__dict__, "cgroup": None,
                                                     "reasons": {"cgroup": "no writable cgroup (test)"}}))
     with pytest.raises(SandboxUnavailable, match=r"process-limit .*no writable cgroup \(test\)"):
-        open_backend(section=SandboxSection())
+        open_backend(section=SandboxSection(require=["memory-limit", "process-limit"]))

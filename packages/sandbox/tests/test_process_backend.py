@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -70,8 +71,13 @@ def test_a_timeout_beyond_the_wall_time_limit_is_clamped_to_it():
     assert result.timed_out and result.killed_reason == "timeout"
 
 
+def host_directory() -> Path:
+    """A directory outside /tmp (private in every sandbox) where this user may create files."""
+    return Path("/var/lib") if os.access("/var/lib", os.W_OK) else Path.home()
+
+
 def test_masks_skip_paths_inside_masked_or_private_directories(tmp_path):
-    data = Path("/var/lib") / f"relayrl-masks-{uuid.uuid4().hex}"  # outside the private /tmp
+    data = host_directory() / f"relayrl-masks-{uuid.uuid4().hex}"  # outside the private /tmp
     (data / "task").mkdir(parents=True)
     try:
         (data / "task" / "gold.patch").write_text("")
@@ -102,8 +108,8 @@ def test_without_root_the_user_namespace_chain_isolates_network_and_processes(mo
     as_user = dataclasses.replace(support, root=False, setpriv=False, tmpfs=False, cgroup=None,
                                   reasons={"setpriv": "not root", "tmpfs": "not root", "cgroup": "not root"})
     monkeypatch.setattr("relayrl.sandbox.local.host_support", lambda: as_user)
-    backend = ProcessBackend(require=["network-none", "pid-isolation", "tree-kill"])
-    assert backend.capabilities() == {"network-none", "pid-isolation", "tree-kill"}
+    backend = ProcessBackend(require=["network-none", "pid-isolation", "tree-kill", "readonly-system"])
+    assert backend.capabilities() == {"network-none", "pid-isolation", "tree-kill", "readonly-system"}
     with pytest.raises(SandboxUnavailable, match="unprivileged .*not root"):
         ProcessBackend(require=["unprivileged"])
     with backend.create() as raw:
@@ -112,6 +118,11 @@ def test_without_root_the_user_namespace_chain_isolates_network_and_processes(mo
                               "2>&1 | tail -1; ls /proc | grep -c '^[0-9]'; (sleep 600 &); echo done")
         assert "unreachable" in result.stdout.lower() and int(result.stdout.split()[-2]) < 10
         assert not sandbox.strays()
+        # Uid 0 of its own user namespace, without a capability: the host stays read-only.
+        result = sandbox.exec("echo ok > mine; cat mine; touch /etc/relayrl-x 2>&1; mount -o remount,rw / 2>&1; "
+                              "umount /tmp 2>&1; grep CapEff /proc/self/status")
+        assert result.stdout.startswith("ok\n") and "Read-only file system" in result.stdout
+        assert "CapEff:\t0000000000000000" in result.stdout and not Path("/etc/relayrl-x").exists()
 
 
 def test_a_zero_rlimit_means_no_limit():

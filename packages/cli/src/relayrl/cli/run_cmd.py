@@ -75,9 +75,9 @@ def _preflight(config: Any, pm: Any) -> None:
     if not config.model.configured:
         raise ConfigError("model: set model.path (a model directory) or model.init (a fresh model's options)")
     if config.rollout.environment in ("countdown", "code"):
-        from relayrl.sandbox import open_backend
+        from relayrl.sandbox.config import describe_protections, open_backend
 
-        open_backend(section=config.sandbox, pm=pm).capabilities()
+        print(describe_protections(open_backend(section=config.sandbox, pm=pm)), flush=True)
 
 
 def _report(run_dir: Path) -> None:

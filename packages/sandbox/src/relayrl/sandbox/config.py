@@ -3,7 +3,7 @@
 ::
 
     [sandbox]
-    backend = "bwrap"                  # or "process" (built in)
+    backend = "auto"                   # the strongest installed backend this host can run; or "process", "bwrap"
     network = "none"                   # "host" opts out of the network namespace, knowingly
     require = ["network-none", "readonly-system", "memory-limit", "process-limit"]
     max_parallel_tools = 8
@@ -26,10 +26,19 @@ import msgspec
 from relayrl.core.config import ConfigError, Section
 from relayrl.core.errors import PluginError
 from relayrl.core.plugins import Registration, lookup, registrations
-from relayrl.sandbox.api import CAPABILITIES, Limits, SandboxBackend
+from relayrl.sandbox.api import CAPABILITIES, Limits, SandboxBackend, SandboxUnavailable
 
-__all__ = ["DEFAULT_DETECTORS", "DEFAULT_REFERENCE_GLOBS", "SandboxSection", "backends", "exploit_detectors",
-           "open_backend", "task_sources"]
+__all__ = ["AUTO", "DEFAULT_DETECTORS", "DEFAULT_REFERENCE_GLOBS", "DEFAULT_REQUIRE", "SandboxSection", "backends",
+           "describe_protections", "exploit_detectors", "open_backend", "task_sources"]
+
+AUTO = "auto"
+"""``[sandbox] backend = "auto"``: of the installed backends, the one that provides the most isolation
+properties on this host (bwrap before process on a tie: it starts faster)."""
+
+DEFAULT_REQUIRE = ["network-none", "pid-isolation", "tree-kill"]
+"""What graded tasks need from any sandbox, and what an unprivileged user namespace provides: no
+network, no view of (or signal to) host processes, nothing left running. Root adds the rest
+(read-only host, own uid, memory/process/disk limits); require them to refuse hosts without."""
 
 DEFAULT_REFERENCE_GLOBS = [
     "**/*.orig", "**/*.rej", "**/*.patch", "**/*.diff", "**/SOLUTION*", "**/solution*", "**/*_solution.*",
@@ -46,12 +55,14 @@ DEFAULT_DETECTORS = ["test-edits", "history-access", "network", "outside-writes"
 class SandboxSection(Section, kw_only=True):
     """``[sandbox]``: where agent tools run, how isolated, and how answers are graded."""
 
-    backend: str = "process"
-    """A name from ``relayrl_sandbox_backends`` (``process`` built in; ``bwrap`` with relayrl-bwrap)."""
+    backend: str = AUTO
+    """``auto`` (the strongest installed backend this host can run), or a name from
+    ``relayrl_sandbox_backends`` (``process`` built in; ``bwrap`` with relayrl-bwrap)."""
     network: Literal["none", "host"] = "none"
     """``none``: a private network namespace with only loopback (implies requiring ``network-none``)."""
-    require: list[str] = msgspec.field(default_factory=lambda: sorted(CAPABILITIES))
-    """Capabilities the backend must provide on this host, or refuse to start (default: all of them)."""
+    require: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_REQUIRE))
+    """Capabilities the backend must provide on this host, or refuse to start (default :data:`DEFAULT_REQUIRE`;
+    every capability the host offers is used whatever this says)."""
     root: str = ""
     """Directory sandboxes are created in; empty: ``RELAYRL_SANDBOX_ROOT`` or ``/var/lib/relayrl-sandbox``."""
     hide_paths: list[str] = []
@@ -71,7 +82,8 @@ class SandboxSection(Section, kw_only=True):
 
     def check(self, pm: Any, path: str) -> None:
         try:
-            lookup(pm, "relayrl_sandbox_backends", self.backend, kind="sandbox backend")
+            if self.backend != AUTO:
+                lookup(pm, "relayrl_sandbox_backends", self.backend, kind="sandbox backend")
         except PluginError as exc:
             raise ConfigError(f"{path}.backend: {exc}") from None
         unknown = [name for name in self.require if name not in CAPABILITIES]
@@ -117,8 +129,33 @@ def open_backend(name: str | None = None, *, section: SandboxSection | None = No
     capability, and :class:`relayrl.core.errors.PluginError` for an unknown name.
     """
     section = section or SandboxSection()
-    record = lookup(pm, "relayrl_sandbox_backends", name or section.backend, kind="sandbox backend")
     options: dict[str, Any] = {"limits": section.limits, "require": section.require, "network": section.network,
                                "root": section.root or None, "hide_paths": section.hide_paths}
     options.update(overrides)
-    return record.factory(**options)
+    name = name or section.backend
+    if name != AUTO:
+        return lookup(pm, "relayrl_sandbox_backends", name, kind="sandbox backend").factory(**options)
+    table = backends(pm)
+    order = sorted(table, key=lambda candidate: (candidate != "bwrap", candidate != "process", candidate))
+    opened: list[SandboxBackend] = []
+    refusals: list[SandboxUnavailable] = []
+    for candidate in order:
+        try:
+            opened.append(table[candidate].factory(**options))
+        except SandboxUnavailable as exc:
+            refusals.append(exc)
+    if not opened:
+        raise refusals[-1] if refusals else PluginError("no sandbox backend is installed")
+    return max(opened, key=lambda backend: len(backend.capabilities()))  # max keeps the first of equals
+
+
+def describe_protections(backend: SandboxBackend) -> str:
+    """One line: the backend, the isolation properties it provides here, and those it lacks (and why)."""
+    provided = sorted(backend.capabilities())
+    missing = sorted(set(CAPABILITIES) - set(provided))
+    reasons = getattr(backend, "reasons", {})
+    line = f"sandbox: {backend.name} with {', '.join(provided) or 'no isolation'}"
+    if missing:
+        first = reasons.get(missing[0], "")
+        line += f"; missing {', '.join(missing)}" + (f" ({first})" if first else "")
+    return line

@@ -105,6 +105,8 @@ def _make_read_only(keep_writable: list[str]) -> list[str]:
 def main(spec: dict) -> None:
     """Set up the namespaces this process is in (see the module docstring), then hold them."""
     try:
+        for path in spec["keep_writable"]:  # its own mount (without a workspace tmpfs it is a plain directory)
+            _mount(path, path, None, MS_BIND)
         _make_read_only(spec["keep_writable"])
         for path in spec["private"]:
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_size']},mode=1777")

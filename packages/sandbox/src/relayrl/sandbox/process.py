@@ -17,8 +17,10 @@ the host or another sandbox, a PID namespace per command whose init is a shell
 namespace; ``--kill-child`` does the same when ``unshare`` is killed), a read-only view of the host
 with private /tmp, /var/tmp and /dev/shm (kept for the sandbox's life, like a machine's), hard
 rlimits, and a per-sandbox uid without capabilities, so that it can neither undo the mounts nor
-write anything on the host but its workspace. Without root it falls
-back to a user namespace for the network, IPC and PID namespaces and reports the rest as missing.
+write anything on the host but its workspace. Without root the holder runs in a user namespace of
+the caller's (``unshare --user --map-root-user``), which may own and remount mount namespaces: the
+same read-only host, private directories and masks, and commands that hold no capability in it;
+what needs root (a uid per sandbox, cgroups, a tmpfs workspace) is reported missing.
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ class ProcessBackend(LocalBackend):
     def probe(self, support: HostSupport) -> tuple[set[str], dict[str, str]]:
         provided, reasons = self.host_properties(support)
         if support.namespaces:
-            provided |= {"network-none", "pid-isolation", "tree-kill"}
-            if support.root:
-                provided.add("readonly-system")
+            # As root, or in a user namespace of the caller's (mount namespaces it owns may be
+            # remounted read-only and masked): the holder process sets it up either way.
+            provided |= {"network-none", "pid-isolation", "tree-kill", "readonly-system"}
         else:
             for name in ("network-none", "pid-isolation", "readonly-system"):
                 reasons[name] = support.reasons.get("namespaces", "unshare failed")
@@ -65,7 +67,7 @@ class ProcessBackend(LocalBackend):
         return provided, reasons
 
     def _persistent(self) -> bool:
-        return "pid-isolation" in self.capabilities() and self.support.root
+        return "pid-isolation" in self.capabilities()
 
     def prepare(self, sandbox: LocalSandbox) -> None:
         """As root: build the sandbox's mount, IPC (and network) namespaces once, held by a process.
@@ -79,7 +81,8 @@ class ProcessBackend(LocalBackend):
         spec = {"keep_writable": [str(sandbox.workdir)], "private": ["/tmp", "/var/tmp", "/dev/shm"],
                 "tmp_size": min(self.limits.disk_bytes, self.limits.memory_bytes),
                 "hidden_directories": hidden_directories, "hidden_files": hidden_files}
-        namespaces = ["--mount", "--ipc", *(["--net"] if self.network == "none" else [])]
+        namespaces = [*([] if self.support.root else ["--user", "--map-root-user"]), "--mount", "--ipc",
+                      *(["--net"] if self.network == "none" else [])]
         process = subprocess.Popen(
             ["unshare", *namespaces, "--propagation", "private", "--",
              sys.executable, "-I", "-S", "-c", _HOLDER_SOURCE, json.dumps(spec)],
@@ -107,18 +110,14 @@ class ProcessBackend(LocalBackend):
         command = ["prlimit", *self.rlimit_args(), "--", *self._drop_privileges(sandbox), *argv]
         if "pid-isolation" not in capabilities:
             return command
-        if not self.support.root:
-            namespaces = ["--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--ipc", "--propagation",
-                          "private"]
-            if self.network == "none":
-                namespaces.insert(0, "--net")
-            return ["unshare", "--user", "--map-root-user", *namespaces, "--", *command]
         holder = sandbox.namespace_holder
         assert holder is not None, "prepare() builds the namespaces before any command"
         if holder.returncode is not None or _state(holder.pid) in ("Z", "X", None):
             raise SandboxError(f"sandbox {sandbox.id}: its namespace holder (pid {holder.pid}) is gone")
         # The holder is never reaped before release(): its PID cannot name another process meanwhile.
-        enter = ["nsenter", f"--target={holder.pid}", "--mount", "--ipc", *(["--net"] if self.network == "none" else [])]
+        enter = ["nsenter", f"--target={holder.pid}", *([] if self.support.root else ["--user", "--preserve-credentials"]),
+                 "--mount", "--ipc",
+                 *(["--net"] if self.network == "none" else [])]
         # A fresh PID namespace per command: its init is a shell, not the command (unshare 2.38
         # reports a signal death as status 1, and an init is shielded from its own signals);
         # when the command returns the shell exits and the kernel kills the rest. The shell also
@@ -129,7 +128,9 @@ class ProcessBackend(LocalBackend):
 
     def _drop_privileges(self, sandbox: LocalSandbox) -> list[str]:
         if sandbox.uid is None:
-            return []
+            # Without root the command is uid 0 of a user namespace of the caller's: it must hold no
+            # capability there, or it could remount the read-only host or unmount the masks.
+            return ["setpriv", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all", "--"]
         return ["setpriv", f"--reuid={sandbox.uid}", f"--regid={sandbox.uid}", "--clear-groups", "--no-new-privs",
                 "--inh-caps=-all", "--bounding-set=-all", "--"]
 

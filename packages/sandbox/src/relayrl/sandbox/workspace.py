@@ -89,7 +89,7 @@ def _copy_source(source: str, destination: Path) -> None:
         shutil.copytree(path, destination, symlinks=True, dirs_exist_ok=True)
     elif path.is_file() and tarfile.is_tarfile(path):
         with tarfile.open(path) as archive:
-            archive.extractall(destination, filter="data")  # refuses absolute paths, '..', device files
+            _extract_safely(archive, destination)
     elif path.is_dir() or location.endswith(".git"):
         clone = destination.parent / f".{destination.name}-clone"
         try:
@@ -102,6 +102,20 @@ def _copy_source(source: str, destination: Path) -> None:
             shutil.rmtree(clone, ignore_errors=True)
     else:
         raise SandboxError(f"workspace {source!r}: not a directory, tarball or git repository")
+
+
+def _extract_safely(archive: tarfile.TarFile, destination: Path) -> None:
+    """Unpack refusing absolute paths, '..', links out of the tree and device files."""
+    if hasattr(tarfile, "data_filter"):  # Python 3.11.4+ and security back-ports
+        archive.extractall(destination, filter="data")
+        return
+    for member in archive.getmembers():
+        parts = Path(member.name).parts
+        if member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir() or member.issym()):
+            raise SandboxError(f"tarball member {member.name!r}: absolute, '..' or not a file, directory or symlink")
+        if member.issym() and (member.linkname.startswith("/") or ".." in Path(member.linkname).parts):
+            raise SandboxError(f"tarball member {member.name!r}: a symlink out of the tree ({member.linkname})")
+    archive.extractall(destination)
 
 
 def hidden_test_paths(task: TaskSpec) -> list[str]:
