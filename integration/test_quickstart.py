@@ -8,10 +8,13 @@ about a minute. Whether it learns is the full run's business (docs/quickstart.md
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import re
 import shlex
 import shutil
 import subprocess
+import uuid
 import venv
 from pathlib import Path
 
@@ -57,3 +60,39 @@ def test_the_readme_quickstart_installs_and_runs_in_a_fresh_environment(tmp_path
     assert rollout["metrics"]["sandbox/calls"] > 0
     assert (run_dir / "report" / "report.html").exists()
     assert "report:" in result.stdout
+
+
+def test_the_readme_quickstart_runs_as_a_non_root_user(tmp_path):
+    """The people the README addresses are rarely root: as a fresh non-root user, from a venv of the
+    system Python, the quickstart installs and runs, on the strongest sandbox that user can have."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create the user (run as a non-root user, the test above is this test)")
+    for tool in ("useradd", "su"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    system_python = "/usr/bin/python3"
+    if subprocess.run([system_python, "-c", "import venv, ensurepip"], capture_output=True).returncode != 0:
+        pytest.skip(f"{system_python} cannot make virtual environments (Debian: apt-get install -y python3-venv)")
+    user = "relayrl-quickstart"
+    if subprocess.run(["id", user], capture_output=True).returncode != 0:
+        subprocess.run(["useradd", "--create-home", user], check=True, capture_output=True)
+    home = Path(pwd.getpwnam(user).pw_dir)
+    work = home / f"quickstart-{uuid.uuid4().hex[:8]}"
+    try:
+        shutil.copytree(ROOT, work, ignore=shutil.ignore_patterns(".git", ".nox", "runs", "__pycache__", "*.egg-info"))
+        subprocess.run(["chown", "-R", f"{user}:", str(work)], check=True)
+        install, run = readme_quickstart()
+        script = " && ".join([
+            f"cd {shlex.quote(str(work))}", f"{system_python} -m venv venv",
+            f"venv/bin/python {shlex.join(shlex.split(install)[1:])} -q",
+            f"venv/bin/relayrl {shlex.join([*shlex.split(run)[1:], '--run-dir', 'run', *SHORT])}"])
+        result = subprocess.run(["su", user, "-s", "/bin/bash", "-c", script], capture_output=True, text=True,
+                                timeout=1800)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        assert re.search(r"^sandbox: \w+ with .*network-none", result.stdout, re.MULTILINE), result.stdout[:2000]
+        records = [json.loads(line) for line in (work / "run" / "metrics.jsonl").read_text().splitlines()]
+        assert [record["step"] for record in records] == [1, 2, 3]
+        rollout = json.loads((work / "run" / "status" / "rollout.json").read_text())
+        assert rollout["metrics"]["sandbox/calls"] > 0
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
