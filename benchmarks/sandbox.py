@@ -95,20 +95,23 @@ def grading_rows(backend, answers: int) -> tuple[float, float]:
     import shutil
 
     from relayrl.sandbox.grading import Grader
+    from relayrl.sandbox.local import BASE_ENV
     from relayrl.sandbox.tasks import shipped_tasks
     from relayrl.sandbox.workspace import apply_patch_locally, prepare_workspace
 
     task = next(task for task in shipped_tasks() if task.task_id == "median")
-    start = time.perf_counter()
-    for _ in range(answers):
-        with tempfile.TemporaryDirectory(prefix="relayrl-bench-bare-") as temp:
-            tree = Path(temp) / "tree"
-            prepare_workspace(task, tree)
-            apply_patch_locally(tree, task.gold_patch)
-            shutil.copytree(task.hidden_tests, tree, dirs_exist_ok=True)
-            subprocess.run(["python3", "-m", "unittest", "discover", "-s", "tests", "-t", "."], cwd=tree, check=True,
+    python = shutil.which("python3", path=BASE_ENV["PATH"]) or "python3"  # the interpreter sandboxes run
+    with tempfile.TemporaryDirectory(prefix="relayrl-bench-bare-") as temp:
+        patched = Path(temp) / "patched"  # the host's work, once (the grader prepares once per group too)
+        prepare_workspace(task, patched)
+        apply_patch_locally(patched, task.gold_patch)
+        shutil.copytree(task.hidden_tests, patched, dirs_exist_ok=True)
+        start = time.perf_counter()
+        for index in range(answers):  # per answer: a fresh copy of the tree, the tests in a subprocess
+            tree = shutil.copytree(patched, Path(temp) / f"answer-{index}")
+            subprocess.run([python, "-m", "unittest", "discover", "-s", "tests", "-t", "."], cwd=tree, check=True,
                            capture_output=True)
-    bare = time.perf_counter() - start
+        bare = time.perf_counter() - start
     grader = Grader(backend)
     start = time.perf_counter()
     reports = grader.grade_group(task, [task.gold_patch] * answers)
