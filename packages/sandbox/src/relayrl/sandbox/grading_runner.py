@@ -213,8 +213,8 @@ def main():
     def strict_eq(a, b, depth=0):
         if depth > 200:
             raise Unverifiable("structure nested more than 200 levels")
-        if a is b and type_(a) is not float:
-            return True
+        if a is b and (depth or type_(a) is not float):
+            return True  # as Python's containers do; a lone NaN is unequal to itself, as in unittest
         base_a, base_b = plain_base(a), plain_base(b)
         if base_a is not None and base_b is not None:
             if base_a in numbers and base_b in numbers:
@@ -285,9 +285,9 @@ def main():
                     return item in container
                 raise Unverifiable(f"{type_(item).__qualname__} equality is defined by the answer")
             return base.__contains__(container, item)
-        if base is None and trusted(type_(container), "__contains__") and trusted(type_(container), "__iter__"):
-            return any(strict_eq(item, element) for element in list(container)) if not hasattr(
-                type_(container), "__contains__") else item in container
+        if base is None and trusted(type_(container), "__iter__"):
+            # Its own __contains__ would compare with the elements' __eq__, possibly the answer's.
+            return any(strict_eq(item, element) for element in list(container))
         raise Unverifiable(f"membership in {type_(container).__qualname__} is defined by the answer")
 
     order_ops = {"Lt": lambda a, b: a < b, "LtE": lambda a, b: a <= b, "Gt": lambda a, b: a > b,
