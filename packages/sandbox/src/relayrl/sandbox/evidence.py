@@ -30,7 +30,8 @@ from pathlib import Path
 
 from relayrl.sandbox import grading_runner
 
-__all__ = ["RUNNER_SOURCE", "Evidence", "is_test_module", "runner_payload", "test_inventory", "verify_records"]
+__all__ = ["RUNNER_SOURCE", "Evidence", "is_test_module", "new_key", "runner_payload", "test_inventory",
+           "verify_records"]
 
 RUNNER_SOURCE = Path(grading_runner.__file__).read_text(encoding="utf-8")
 """The runner script, copied into each grading sandbox."""
@@ -84,6 +85,7 @@ def runner_payload(*, key: bytes, root: str, modules: Mapping[str, str], invento
 
 
 def new_key() -> bytes:
+    """A fresh HMAC key for one answer's records."""
     return os.urandom(32)
 
 

@@ -154,7 +154,7 @@ class Grader:
         # answer's code runs; an answer printing it itself can only turn its own pass into a failure.
         apply = (f"git apply --whitespace=nowarn ../.answer.diff </dev/null || {{ echo {_APPLY_FAILED} >&2; exit 1; }}\n"
                  if diff.strip() else "")
-        key = new_key()
+        key = new_key() if modules else b""
         if modules:
             write_beneath(str(workdir), _RUNNER, RUNNER_SOURCE.encode())  # root-owned, read-only for the answer
             command, stdin = f"exec {self._runner_python(workdir)} -I -B ../{_RUNNER}", runner_payload(

@@ -22,6 +22,7 @@ property the backend does not claim on this host is skipped by capability, sayin
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -558,6 +559,7 @@ class SandboxTests:
         return Path("/var/lib") if os.access("/var/lib", os.W_OK) else Path.home()
 
     @staticmethod
+    @contextlib.contextmanager
     def _host_mount(tmp_root: Path) -> Iterator[Path]:
         """A writable tmpfs mounted on the host below ``tmp_root`` (a submount of a read-only host)."""
         if os.geteuid() != 0:
@@ -578,7 +580,7 @@ class SandboxTests:
         """Read-only means every mount: a writable submount (/run/lock, /dev/mqueue ...) is a channel
         between sandboxes, from a grader to later agents too."""
         self.requires(backend, "readonly-system")
-        for target in self._host_mount(Path("/var/lib")):
+        with self._host_mount(Path("/var/lib")) as target:
             with backend.create(seed) as raw:
                 result = raw.exec(f"echo planted > {target}/note 2>&1; ls {target}")
             assert not (target / "note").exists(), result.stdout
