@@ -137,20 +137,28 @@ def test_a_zero_rlimit_means_no_limit():
 def test_a_sandbox_that_fails_to_start_leaves_nothing_behind():
     from relayrl.sandbox.api import SandboxError
 
-    class MaskingNowhere(ProcessBackend):
-        def masks(self, sandbox):  # a mount point that does not exist: the namespace set-up fails
-            return [f"/nonexistent-{uuid.uuid4().hex}"], []
+    loop = Path()
+
+    class MaskingALoop(ProcessBackend):
+        def masks(self, sandbox):  # a symbolic link to itself cannot be mounted on: the set-up fails
+            return [str(loop)], []
 
     backend = _backend(require=[])
     if "readonly-system" not in backend.capabilities():
         pytest.skip(f"needs 'readonly-system' (the namespace set-up is what fails): {backend.reasons}")
-    failing = MaskingNowhere(require=[])
+    failing = MaskingALoop(require=[])
+    failing.root.mkdir(parents=True, exist_ok=True)
+    loop = failing.root / f"loop-{uuid.uuid4().hex}"
+    loop.symlink_to(loop)
 
     def mounts_under_root():  # compared before and after: sandboxes of other tests may still await GC
         return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
                 if line.split()[4].startswith(str(failing.root) + "/")}
 
-    before = set(failing.root.iterdir()), mounts_under_root()
-    with pytest.raises(SandboxError, match="cannot set up the sandbox's namespaces"):
-        failing.create()
-    assert (set(failing.root.iterdir()), mounts_under_root()) == before
+    try:
+        before = set(failing.root.iterdir()), mounts_under_root()
+        with pytest.raises(SandboxError, match="cannot set up the sandbox's namespaces"):
+            failing.create()
+        assert (set(failing.root.iterdir()), mounts_under_root()) == before
+    finally:
+        loop.unlink()

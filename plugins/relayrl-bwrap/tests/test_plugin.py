@@ -7,6 +7,7 @@ import pytest
 from relayrl.core.plugins import create_plugin_manager
 from relayrl.sandbox.api import SandboxUnavailable
 from relayrl.sandbox.config import SandboxSection, backends, open_backend
+from relayrl.sandbox.local import SETUP_ATTEMPTS
 from relayrl.sandbox.testing import GraderTests, SandboxTests
 from relayrl_bwrap.backend import BwrapBackend, probe_bwrap
 from relayrl_bwrap.plugin import NAME
@@ -56,3 +57,46 @@ class TestBwrapBackendGrading(GraderTests):
     @pytest.fixture
     def backend(self):
         return _backend(limits=GraderTests.limits, require=[])
+
+
+class _FailsSetUpOnce(BwrapBackend):
+    """bwrap whose first set-up fails (a bind of a missing path), as a vanished host mount makes it."""
+
+    set_up_failures = 1
+
+    def wrap(self, sandbox, argv, cwd, *, start_fd=None):
+        wrapped = super().wrap(sandbox, argv, cwd, start_fd=start_fd)
+        if self.set_up_failures > 0:
+            self.set_up_failures -= 1
+            separator = wrapped.index("--", wrapped.index("bwrap"))
+            wrapped[separator:separator] = ["--ro-bind", "/nonexistent-relayrl-test", "/mnt/missing"]
+        return wrapped
+
+
+def test_a_set_up_that_failed_before_the_command_started_is_retried():
+    _backend(require=[])
+    backend = _FailsSetUpOnce(require=[])
+    with backend.create() as sandbox:
+        result = sandbox.exec("echo ran >> runs; cat runs")
+        assert result.exit_status == 0 and result.stdout == "ran\n", result
+        assert backend.set_up_failures == 0
+
+
+def test_a_command_that_failed_by_itself_runs_once():
+    backend = _backend(require=[])
+    with backend.create() as sandbox:
+        result = sandbox.exec("echo ran >> runs; echo 'bwrap: Can not mount' >&2; exit 1")
+        assert result.exit_status == 1
+        assert sandbox.read_file("runs") == b"ran\n"
+        missing = sandbox.exec(["/nonexistent-command"])  # exec fails after the set-up: not retried either
+        assert missing.exit_status != 0 and "nonexistent-command" in missing.stderr
+
+
+def test_a_set_up_that_always_fails_is_reported_after_the_last_attempt():
+    _backend(require=[])
+    backend = _FailsSetUpOnce(require=[])
+    backend.set_up_failures = 10
+    with backend.create() as sandbox:
+        result = sandbox.exec("true")
+        assert result.exit_status != 0 and "nonexistent-relayrl-test" in result.stderr
+        assert backend.set_up_failures == 10 - SETUP_ATTEMPTS

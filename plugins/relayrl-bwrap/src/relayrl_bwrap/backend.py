@@ -41,7 +41,12 @@ class BwrapBackend(LocalBackend):
         provided |= {"network-none", "pid-isolation", "readonly-system", "tree-kill"}
         return provided, reasons
 
-    def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str) -> list[str]:
+    # bwrap copies the host's mounts and then remounts each one read-only: another sandbox's
+    # workspace, unmounted in between, fails the whole set-up. ``--block-fd`` tells that apart
+    # from a command that ran and failed, so the command is run again.
+    signals_start = True
+
+    def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str, *, start_fd: int | None = None) -> list[str]:
         tmp_size = str(min(self.limits.disk_bytes, self.limits.memory_bytes))
         workdir = str(sandbox.workdir)
         hidden_directories, hidden_files = self.masks(sandbox)
@@ -55,7 +60,8 @@ class BwrapBackend(LocalBackend):
                  "--bind", workdir, workdir, "--chdir", cwd,
                  *masks,
                  "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-                 "--hostname", "sandbox", "--cap-drop", "ALL"]
+                 "--hostname", "sandbox", "--cap-drop", "ALL",
+                 *(["--block-fd", str(start_fd)] if start_fd is not None else [])]
         if self.network == "host":
             bwrap.append("--share-net")
         drop = []

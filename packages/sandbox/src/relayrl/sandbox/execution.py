@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from relayrl.sandbox.api import TRUNCATION_MARKER, ExecResult, Limits
 from relayrl.sandbox.cgroups import CommandCgroup
 
-__all__ = ["join_cgroup_prefix", "run_wrapped"]
+__all__ = ["StartSignal", "join_cgroup_prefix", "run_wrapped"]
 
 _READ_CHUNK = 65536
 
@@ -42,6 +42,33 @@ def join_cgroup_prefix(procs_files: Sequence[os.PathLike[str] | str]) -> list[st
         return []
     joins = " && ".join(f"echo $$ > {shlex.quote(str(path))}" for path in procs_files)
     return ["/bin/sh", "-c", f'{joins} && exec "$@"', "relayrl-sandbox"]
+
+
+class StartSignal:
+    """Tells whether a wrapped command got past its wrapper's set-up and started.
+
+    A pipe holding one byte, whose read end the wrapper is given (bwrap's ``--block-fd``): the
+    wrapper reads the byte once the sandbox's namespaces and mounts are built, just before it execs
+    the command. A byte still there when the command has returned means the set-up failed and the
+    command never ran, so running it again is safe. The command cannot put the byte back: the
+    wrapper closes the descriptor, and nobody holds the write end.
+    """
+
+    def __init__(self) -> None:
+        self.fd, write_end = os.pipe()
+        os.write(write_end, b".")
+        os.close(write_end)
+
+    def started(self) -> bool:
+        os.set_blocking(self.fd, False)
+        try:
+            return os.read(self.fd, 1) == b""
+        except BlockingIOError:  # cannot happen with the write end closed; treat as consumed
+            return True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 class _Capture:
@@ -77,13 +104,16 @@ def _feed_stdin(pipe, data: bytes) -> None:
 
 
 def run_wrapped(argv: Sequence[str], *, limits: Limits, timeout: float, env: Mapping[str, str], cwd: str,
-                cgroup: CommandCgroup | None, stdin: bytes | None = None) -> ExecResult:
-    """Run ``argv`` (already wrapped by a backend) and return its :class:`ExecResult`."""
+                cgroup: CommandCgroup | None, stdin: bytes | None = None, pass_fds: Sequence[int] = ()) -> ExecResult:
+    """Run ``argv`` (already wrapped by a backend) and return its :class:`ExecResult`.
+
+    ``pass_fds`` stay open in the wrapper (e.g. a :class:`StartSignal`'s descriptor).
+    """
     full_argv = [*join_cgroup_prefix(cgroup.procs_files if cgroup else []), *argv]
     start = time.monotonic()
     process = subprocess.Popen(full_argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=dict(env), cwd=cwd,
-                               start_new_session=True)
+                               start_new_session=True, pass_fds=tuple(pass_fds))
     if stdin is not None:
         threading.Thread(target=_feed_stdin, args=(process.stdin, stdin), daemon=True).start()
     captures = {process.stdout.fileno(): _Capture(limits.max_output_bytes),

@@ -22,6 +22,7 @@ reused by another process while commands still enter it.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import sys
@@ -92,13 +93,20 @@ def _make_read_only(keep_writable: list[str]) -> list[str]:
             continue
         kept = sum(flag for name, flag in _KEPT_FLAGS.items() if name in options.split(","))
         try:
-            _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
-        except OSError:
-            if point == "/" or not os.path.isdir(point):
-                raise
-            # A mount that refuses to be read-only (locked, or a type that cannot) is hidden instead.
-            _mount("tmpfs", point, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
-            covered.append(point)
+            try:
+                _mount(None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept)
+            except OSError:
+                if point == "/" or not os.path.isdir(point):
+                    raise
+                # A mount that refuses to be read-only (locked, or a type that cannot) is hidden instead.
+                _mount("tmpfs", point, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+                covered.append(point)
+        except OSError as error:
+            if error.errno == errno.ENOENT and point != "/" and not os.path.lexists(point):
+                # Another sandbox's workspace, unmounted and removed on the host after this namespace
+                # copied the host's mounts: its copy here is detached, no path reaches it.
+                continue
+            raise
     return covered
 
 
@@ -111,7 +119,8 @@ def main(spec: dict) -> None:
         for path in spec["private"]:
             _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_size']},mode=1777")
         for path in spec["hidden_directories"]:
-            _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+            if os.path.lexists(path):  # one removed since the host listed it has nothing left to hide
+                _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
         for path in spec["hidden_files"]:
             if os.path.lexists(path) and not os.path.isdir(path):
                 _mount("/dev/null", path, None, MS_BIND)

@@ -35,12 +35,12 @@ from relayrl.sandbox.api import (
     require_capabilities,
 )
 from relayrl.sandbox.cgroups import CgroupError, SandboxCgroup
-from relayrl.sandbox.execution import run_wrapped
+from relayrl.sandbox.execution import StartSignal, run_wrapped
 from relayrl.sandbox.holder import host_unix_sockets
 from relayrl.sandbox.host import HostSupport, host_support
 from relayrl.sandbox.paths import read_beneath, relative_parts, walk_beneath, write_beneath
 
-__all__ = ["DEFAULT_ROOT", "UID_RANGE", "LocalBackend", "LocalSandbox", "default_root"]
+__all__ = ["DEFAULT_ROOT", "SETUP_ATTEMPTS", "UID_RANGE", "LocalBackend", "LocalSandbox", "default_root"]
 
 SHIPPED_TASKS = str(Path(__file__).resolve().parent / "tasks")
 
@@ -50,6 +50,10 @@ commands get a private /tmp, which would hide a workspace below it."""
 
 UID_RANGE = (1_200_000, 1_260_000)
 """Uids handed to sandboxes (no passwd entries needed); claimed with a lock file per uid."""
+
+SETUP_ATTEMPTS = 3
+"""How often a command whose sandbox set-up failed before it started is tried (see
+:attr:`LocalBackend.signals_start`)."""
 
 _PRIVATE_MOUNTS = ("/tmp", "/var/tmp", "/dev/shm")
 
@@ -125,8 +129,18 @@ class LocalBackend(SandboxBackend):
         return provided, reasons
 
     def wrap(self, sandbox: LocalSandbox, argv: Sequence[str], cwd: str) -> list[str]:
-        """The argv that runs ``argv`` isolated inside ``sandbox``, in directory ``cwd`` (absolute)."""
+        """The argv that runs ``argv`` isolated inside ``sandbox``, in directory ``cwd`` (absolute).
+
+        A backend whose :attr:`signals_start` is true takes a keyword ``start_fd`` too: the
+        descriptor of a :class:`~relayrl.sandbox.execution.StartSignal` its wrapper reads one byte
+        from when its set-up is done, just before the command starts.
+        """
         raise NotImplementedError
+
+    signals_start: bool = False
+    """Whether :meth:`wrap` takes ``start_fd``: then a command whose wrapper failed to set the
+    sandbox up before the command started (a race with the host's mount table, say) is run again,
+    up to :data:`SETUP_ATTEMPTS` times in all."""
 
     # -------------------------------------------------------------------------- shared
     def prepare(self, sandbox: LocalSandbox) -> None:
@@ -288,16 +302,26 @@ class LocalSandbox(Sandbox):
         directory = self.workdir.joinpath(*relative_parts(cwd)) if cwd else self.workdir
         environment = {**BASE_ENV, **(env or {})}
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        command_cgroup = self.cgroup.command() if self.cgroup else None
         oom_before = self.cgroup.oom_kills() if self.cgroup else 0
-        command_oom = 0
-        try:
-            result = run_wrapped(self.backend.wrap(self, argv, str(directory)), limits=self.limits, timeout=timeout,
-                                 env=environment, cwd=str(directory), cgroup=command_cgroup, stdin=data)
-        finally:
-            if command_cgroup is not None:
-                command_oom = command_cgroup.oom_kills()  # before it goes: cgroup v1 counts them only there
-                command_cgroup.remove()
+        for _attempt in range(SETUP_ATTEMPTS):
+            command_cgroup = self.cgroup.command() if self.cgroup else None
+            command_oom = 0
+            start = StartSignal() if self.backend.signals_start else None
+            try:
+                wrapped = (self.backend.wrap(self, argv, str(directory), start_fd=start.fd) if start
+                           else self.backend.wrap(self, argv, str(directory)))
+                result = run_wrapped(wrapped, limits=self.limits, timeout=timeout, env=environment,
+                                     cwd=str(directory), cgroup=command_cgroup, stdin=data,
+                                     pass_fds=(start.fd,) if start else ())
+                never_started = start is not None and not start.started() and not result.timed_out
+            finally:
+                if start is not None:
+                    start.close()
+                if command_cgroup is not None:
+                    command_oom = command_cgroup.oom_kills()  # before it goes: cgroup v1 counts them only there
+                    command_cgroup.remove()
+            if not never_started:
+                break
         if self.cgroup is not None:
             peak = self.cgroup.peak_memory()
             oom = self.cgroup.oom_kills() > oom_before or command_oom > 0

@@ -642,3 +642,25 @@ class SandboxTests:
             except SandboxError as exc:
                 failures[str(exc)[:200]] = failures.get(str(exc)[:200], 0) + 1
         assert not failures, f"{sum(failures.values())} of 1000 creations failed: {failures}"
+
+    def test_concurrent_creation_and_closing_is_reliable(self, backend, seed):
+        """Sandboxes created and closed from four threads at once, as a rollout fleet does: one
+        sandbox's setup must not fail because another one's workspace disappears meanwhile."""
+        failures: list[str] = []
+
+        def create_and_close(count: int) -> None:
+            for _ in range(count):
+                try:
+                    with backend.create(seed) as raw:
+                        result = raw.exec("echo ok")
+                        if result.stdout != "ok\n":
+                            raise SandboxError(f"unexpected output {result.output[:200]!r}")
+                except SandboxError as exc:
+                    failures.append(str(exc)[:200])
+
+        threads = [threading.Thread(target=create_and_close, args=(50,)) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert not failures, f"{len(failures)} of 200 concurrent creations failed: {sorted(set(failures))}"
