@@ -131,6 +131,34 @@ def test_the_same_run_with_the_bus_on_s3(tmp_path, s3_url):
     assert (run_dir / "checkpoints").exists()  # checkpoints stay node-local
 
 
+def test_the_agentic_example_uses_tools_in_sandboxes_compacts_and_trains_every_segment(tmp_path):
+    """examples/agent.toml, short: a warm-up long enough for well-formed calls, a context limit low
+    enough that most trajectories compact. Checks that the agentic path ran, not that it learned."""
+    from relayrl.cli.run.ledger import verify_run
+
+    run_dir = tmp_path / "run"
+    run = relayrl("run", str(ROOT / "examples" / "agent.toml"), "--run-dir", str(run_dir), "--steps", "3",
+                  "--no-report", "--set", "trainer.warmup.steps=40", "--set", "rollout.environment_options.demonstrations=64",
+                  "--set", "rollout.skip_zero_variance=false", "--set", "buffer.admission=['staleness']",
+                  "--set", "buffer.batch_groups=2", "--set", "rollout.harness_options.context_limit=170")
+    output, _ = run.communicate(timeout=900)
+    assert run.returncode == 0, output
+    records = read_metrics(run_dir)
+    assert [record["step"] for record in records] == [1, 2, 3]
+    fleet = [record["metrics"] for record in records if "fleet/tool_calls_per_trajectory" in record["metrics"]]
+    assert fleet, "no step saw graded trajectories"
+    assert max(metrics["fleet/tool_calls_per_trajectory"] for metrics in fleet) >= 1  # tools were called ...
+    assert max(metrics["fleet/tool_s_per_call"] for metrics in fleet) > 0  # ... ran in sandboxes, and were timed
+    assert max(metrics["fleet/turns_per_trajectory"] for metrics in fleet) > 1  # multi-turn
+    assert max(metrics["fleet/compacted_share"] for metrics in fleet) > 0  # some trajectories compacted ...
+    assert max(record["metrics"]["response/segments_mean"] for record in records) > 1  # ... and were trained on
+    assert all(0.0 <= metrics["reward/fleet_graded_mean"] <= 1.0 for metrics in fleet)
+    rollout = json.loads((run_dir / "status" / "rollout.json").read_text())
+    assert rollout["metrics"]["sandbox/graded_answers"] > 0  # answers graded by the sandboxed script
+    check = verify_run(run_dir)
+    assert check.ok, check
+
+
 @pytest.mark.parametrize("example", sorted(path.name for path in (ROOT / "examples").glob("*.toml")))
 def test_every_example_config_validates(example):
     from relayrl.core.config import load_config

@@ -50,9 +50,12 @@ def relayrl_rollout_harnesses():
 def relayrl_rollout_environments():
     from relayrl.rollout.countdown import CountdownEnvironment
     from relayrl.rollout.environments import CodeEnvironment
+    from relayrl.rollout.search import CodeSearchEnvironment
 
     yield Registration("countdown", CountdownEnvironment, "countdown-lite arithmetic, answers graded in the sandbox")
     yield Registration("code", CodeEnvironment, "the shipped bug-fix tasks: agent tools and hidden tests in sandboxes")
+    yield Registration("code-search", CodeSearchEnvironment,
+                       "generated repositories: find files with search tools in sandboxes, F1 graded in a sandbox")
 
 
 @hookimpl

@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol
 
 import msgspec
@@ -37,7 +37,7 @@ from relayrl.rollout.chat import ChatFormat, MalformedCall, format_tool_result, 
 from relayrl.rollout.protocol import GenerateRequest, SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
 
-__all__ = ["AgentConfig", "CodingAgent", "SingleTurn", "ToolExecutor"]
+__all__ = ["AgentConfig", "CodingAgent", "SingleTurn", "ToolExecutor", "iter_segments"]
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a coding agent working in a repository. Call tools with "
@@ -238,6 +238,22 @@ class SingleTurn:
                           timings=Timings(started_at=started_at, finished_at=time.time(),
                                           generation_s=state.generation_s),
                           engine_ids=state.engine_ids)
+
+
+def iter_segments(trajectory: Trajectory) -> Iterator[tuple[list[int], list[bool]]]:
+    """Each segment of ``trajectory`` as ``(tokens, trained)``: generated tokens are the trained ones."""
+    for segment in trajectory.segments:
+        tokens: list[int] = []
+        trained: list[bool] = []
+        for turn in segment.turns:
+            context = list(turn.context_token_ids())
+            tokens += context
+            trained += [False] * len(context)
+            if turn.generated is not None:
+                generated = list(turn.generated.token_ids())
+                tokens += generated
+                trained += [True] * len(generated)
+        yield tokens, trained
 
 
 def _pack(tokens: Sequence[int]) -> bytes:

@@ -16,10 +16,8 @@ the character alphabet of its tokenizer, and a held-out evaluation set.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import itertools
-import json
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -27,7 +25,7 @@ from typing import Any
 from relayrl.core.config import Section
 from relayrl.core.wire import TaskSpec, Trajectory
 
-__all__ = ["ALPHABET", "CountdownConfig", "CountdownEnvironment", "evaluate", "make_tasks", "score"]
+__all__ = ["ALPHABET", "CountdownConfig", "CountdownEnvironment", "evaluate", "final_text", "make_tasks", "score"]
 
 ALPHABET = "0123456789+-*> :"
 """Every character of prompts and well-formed answers."""
@@ -119,14 +117,11 @@ class CountdownEnvironment:
     alphabet = ALPHABET
 
     def __init__(self, config: CountdownConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
+        from relayrl.rollout.batch_grading import BatchedSandboxGrader
+
         self.config = config or CountdownConfig()
-        self._sandbox_section = sandbox
-        self._pm = pm
-        self._backend: Any = None
-        self._waiting: list[tuple[list[dict[str, Any]], asyncio.Future[list[float]]]] = []
-        self._flush: asyncio.TimerHandle | None = None
-        self.sandbox_calls = 0
-        self.graded_answers = 0
+        self.grader = BatchedSandboxGrader(GRADE_SCRIPT, name="countdown", sandbox=sandbox, pm=pm,
+                                           window_s=self.config.grade_window_s)
 
     def tasks(self) -> list[TaskSpec]:
         return make_tasks(self.config.tasks, seed=self.config.seed)
@@ -145,67 +140,36 @@ class CountdownEnvironment:
         return no_tools(task)
 
     # ------------------------------------------------------------------ grading
-    def _open_backend(self) -> Any:
-        if self._backend is None:
-            from relayrl.sandbox import SandboxSection, open_backend
-
-            self._backend = open_backend(section=self._sandbox_section or SandboxSection(), pm=self._pm)
-        return self._backend
-
     def grade_sync(self, items: list[dict[str, Any]]) -> list[float]:
         """Grade ``[{numbers, target, answer}]`` with one command in a fresh sandbox."""
-        with self._open_backend().create() as sandbox:
-            result = sandbox.exec(["python3", "-I", "-c", GRADE_SCRIPT], stdin=json.dumps(items), timeout=30)
-        self.sandbox_calls += 1
-        self.graded_answers += len(items)
-        if not result.ok:
-            raise RuntimeError(f"countdown grader failed (exit {result.exit_status}): {result.output[-2000:]}")
-        rewards = json.loads(result.stdout)
-        if len(rewards) != len(items):
-            raise RuntimeError(f"countdown grader returned {len(rewards)} rewards for {len(items)} answers")
-        return [float(reward) for reward in rewards]
+        return self.grader.grade_sync(items)
+
+    @property
+    def sandbox_calls(self) -> int:
+        return self.grader.sandbox_calls
+
+    @property
+    def graded_answers(self) -> int:
+        return self.grader.graded_answers
 
     async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
         from relayrl.rollout.manager import with_rewards
 
-        texts = [answer or _final_text(trajectory) for trajectory, answer in zip(trajectories, answers)]
+        texts = [answer or final_text(trajectory) for trajectory, answer in zip(trajectories, answers)]
         items = [{"numbers": task.metadata["numbers"], "target": task.metadata["target"], "answer": text[:64]}
                  for text in texts]
-        future: asyncio.Future[list[float]] = asyncio.get_running_loop().create_future()
-        self._waiting.append((items, future))
-        if self._flush is None:
-            self._flush = asyncio.get_running_loop().call_later(self.config.grade_window_s, self._grade_waiting)
-        rewards = await future
+        rewards = await self.grader.grade(items)
         return [with_rewards(trajectory, reward, correct=reward) for trajectory, reward in zip(trajectories, rewards)]
 
-    def _grade_waiting(self) -> None:
-        self._flush = None
-        waiting, self._waiting = self._waiting, []
-        items = [item for batch, _ in waiting for item in batch]
-
-        def resolve(job: asyncio.Future[list[float]]) -> None:
-            error = job.exception()
-            position = 0
-            for batch, future in waiting:
-                start, position = position, position + len(batch)
-                if future.done():  # its group was cancelled meanwhile
-                    continue
-                if error is not None:
-                    future.set_exception(error)
-                else:
-                    future.set_result(job.result()[start:position])
-
-        job = asyncio.ensure_future(asyncio.to_thread(self.grade_sync, items))
-        job.add_done_callback(resolve)
-
     def metrics(self) -> dict[str, float]:
-        return {"sandbox/calls": float(self.sandbox_calls), "sandbox/graded_answers": float(self.graded_answers)}
+        return self.grader.metrics()
 
     def close(self) -> None:
-        self._backend = None
+        self.grader.close()
 
 
-def _final_text(trajectory: Trajectory) -> str:
+def final_text(trajectory: Trajectory) -> str:
+    """The text of the trajectory's last assistant turn (empty when there is none)."""
     for segment in reversed(trajectory.segments):
         for turn in reversed(segment.turns):
             if turn.role == "assistant":

@@ -53,8 +53,11 @@ def relayrl_rollout_environments() -> Iterable[Registration[Any]]:
     ``[rollout.environment_options]``; ``sandbox`` is the run's ``[sandbox]`` section) returns an
     object with ``tasks() -> list[TaskSpec]``, ``tools(task)`` (an async context manager yielding a
     ``ToolExecutor`` or None), ``async grade(task, trajectories, answers) -> list[Trajectory]`` and
-    ``metrics() -> dict[str, float]``; optionally ``demonstration(task) -> str`` (for the supervised
-    warm-up), ``eval_tasks()`` and ``alphabet`` (for a character tokenizer). Built in: ``countdown``
-    (arithmetic answers graded in the sandbox) and ``code`` (the shipped bug-fix tasks, agent tools
-    and hidden tests in sandboxes).
+    ``metrics() -> dict[str, float]``; optionally, for the supervised warm-up, ``demonstration(task)
+    -> str`` (a single answer) or ``async demonstrate(*, harness, chat, tokenizer) -> list[Trajectory]``
+    (multi-turn: an expert played through the run's harness and real tools; every generated token is
+    trained), ``eval_tasks()``, and ``alphabet`` and ``specials`` (a character tokenizer's characters
+    and the strings it keeps whole). Built in: ``countdown`` (arithmetic answers graded in the
+    sandbox), ``code`` (the shipped bug-fix tasks, agent tools and hidden tests in sandboxes) and
+    ``code-search`` (generated repositories, search tools in sandboxes, F1 graded in a sandbox).
     """

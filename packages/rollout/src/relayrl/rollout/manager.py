@@ -32,6 +32,7 @@ import json
 import signal
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
@@ -139,6 +140,8 @@ class RolloutManager:
         self.reward_sum = 0.0
         self.reward_count = 0
         self.generated_tokens = 0
+        self.behaviour: Counter[str] = Counter()
+        """Cumulative behaviour of every graded trajectory: grader's reward, turns, tool calls, compactions."""
         self.started = time.monotonic()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -161,6 +164,7 @@ class RolloutManager:
         graded = await self.grader.grade(task, [trajectory for trajectory, _ in results],
                                          [answer for _, answer in results])
         group = Group(group_id=group_id, task_id=task.task_id, trajectories=list(graded), created_at=time.time())
+        self._count_behaviour(group)
         step = self.trainer_step()
         for shaper in self.shapers:
             group = shaper(group, step=step)
@@ -178,6 +182,25 @@ class RolloutManager:
             self.committed_groups += 1
             self.generated_tokens += sum(trajectory.num_generated_tokens for trajectory in group.trajectories)
         return group
+
+    def _count_behaviour(self, group: Group) -> None:
+        """Add a graded group (before any shaper) to the behaviour counters of :meth:`fleet_counters`."""
+        counts = self.behaviour
+        for trajectory in group.trajectories:
+            counts["graded_reward_sum"] += float(trajectory.reward)
+            counts["trajectories"] += 1
+            compactions = float(trajectory.metrics.get("compactions", 0.0))
+            counts["compactions"] += compactions
+            counts["compacted_trajectories"] += float(compactions > 0)
+            for segment in trajectory.segments:
+                for turn in segment.turns:
+                    if turn.role == "assistant":
+                        counts["turns"] += 1
+                        counts["tool_calls"] += len(turn.tool_calls)
+                        counts["parallel_turns"] += float(len(turn.tool_calls) >= 2)
+                    for result in turn.tool_results:
+                        counts["tool_results"] += 1
+                        counts["tool_seconds"] += float(result.wall_time_s)
 
     def trainer_step(self) -> int:
         progress = read_progress(self.store) if self.store is not None else {}
@@ -249,7 +272,8 @@ class RolloutManager:
         """Cumulative counters of this producer (see :func:`write_fleet_counters`)."""
         return {"graded_groups": float(self.graded_groups), "committed_groups": float(self.committed_groups),
                 "skipped_groups": float(self.skipped_groups), "reward_sum": self.reward_sum,
-                "reward_count": float(self.reward_count), "generated_tokens": float(self.generated_tokens)}
+                "reward_count": float(self.reward_count), "generated_tokens": float(self.generated_tokens),
+                **{name: float(value) for name, value in self.behaviour.items()}}
 
 
 def with_rewards(trajectory: Trajectory, reward: float, **components: float) -> Trajectory:

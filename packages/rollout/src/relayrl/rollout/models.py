@@ -10,6 +10,7 @@ updates then come through relayrl-weight-sync.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,16 @@ __all__ = ["CHAR_TOKENIZER_FILE", "import_gguf", "load_model", "load_tokenizer",
 
 CHAR_TOKENIZER_FILE = "relayrl_tokenizer.json"
 
+_BASE_SPECIALS = ("<pad>", "<bos>", "<|end|>")
 
-def materialize_model(section: ModelSection, target: str | Path, *, alphabet: str | None = None, seed: int = 0) -> Path:
+
+def materialize_model(section: ModelSection, target: str | Path, *, alphabet: str | None = None,
+                      specials: Sequence[str] = (), seed: int = 0) -> Path:
     """The model directory of a run: ``section.path``, or a fresh model written to ``target`` once.
 
-    A fresh model already at ``target`` (a resumed run) is left as it is.
+    A fresh model's character tokenizer covers ``alphabet`` and keeps ``specials`` (beyond its own
+    ``<pad>``, ``<bos>`` and ``<|end|>``) as single tokens: an environment's markup. A fresh model
+    already at ``target`` (a resumed run) is left as it is.
     """
     if section.path:
         path = Path(section.path).expanduser()
@@ -40,7 +46,8 @@ def materialize_model(section: ModelSection, target: str | Path, *, alphabet: st
 
     if alphabet is None:
         raise ValueError("model.tokenizer = \"char\" needs an environment with an alphabet")
-    tokenizer = CharTokenizer(alphabet)
+    specials = [*_BASE_SPECIALS, *(token for token in specials if token not in _BASE_SPECIALS)]
+    tokenizer = CharTokenizer(alphabet, specials=specials)
     options = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
                "intermediate_size": 512, "tie_word_embeddings": True, "max_position_embeddings": 256, **section.init}
     config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=1,
@@ -50,7 +57,7 @@ def materialize_model(section: ModelSection, target: str | Path, *, alphabet: st
         model = LlamaForCausalLM(config)
     partial = target.with_name(target.name + ".partial")
     model.save_pretrained(partial)
-    (partial / CHAR_TOKENIZER_FILE).write_text(json.dumps({"kind": "char", "alphabet": alphabet}))
+    (partial / CHAR_TOKENIZER_FILE).write_text(json.dumps({"kind": "char", "alphabet": alphabet, "specials": specials}))
     partial.rename(target)  # all or nothing: a crash mid-write leaves no half model directory
     return target
 
@@ -60,7 +67,7 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     spec_path = Path(model_dir) / CHAR_TOKENIZER_FILE
     if spec_path.exists():
         spec = json.loads(spec_path.read_text())
-        return CharTokenizer(spec["alphabet"])
+        return CharTokenizer(spec["alphabet"], specials=spec.get("specials", _BASE_SPECIALS))
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)

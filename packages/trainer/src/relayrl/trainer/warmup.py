@@ -3,12 +3,15 @@
 RL from a randomly initialised model has no signal: every sample earns 0. A short supervised phase
 on demonstrations (the ``[trainer.warmup]`` section; the countdown quickstart uses the expression
 that made each target) gives the policy a small but non-zero pass rate, and RL takes it from there.
-The loss covers answer tokens only (the prompt is context); the optimiser is a fresh AdamW with a
-linear ramp, discarded afterwards, so RL starts with its own optimiser state.
+The loss covers answer tokens only (the prompt is context); a multi-turn demonstration is a
+:class:`MaskedExample` whose generated tokens are trained and whose tool results, prompts and
+summaries-as-context are not. The optimiser is a fresh AdamW with a linear ramp, discarded
+afterwards, so RL starts with its own optimiser state.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Callable, Sequence
 
@@ -16,13 +19,29 @@ import torch
 
 from relayrl.trainer.config import WarmupSection
 
-__all__ = ["WarmupSection", "supervised_warmup"]
+__all__ = ["MaskedExample", "WarmupSection", "supervised_warmup"]
 
 
-def supervised_warmup(model: torch.nn.Module, examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+@dataclasses.dataclass(frozen=True)
+class MaskedExample:
+    """A token sequence and, per token, whether the loss covers it (one segment of a trajectory)."""
+
+    tokens: Sequence[int]
+    trained: Sequence[bool]
+
+    def __post_init__(self) -> None:
+        if len(self.tokens) != len(self.trained):
+            raise ValueError(f"{len(self.tokens)} tokens but {len(self.trained)} trained flags")
+
+
+Example = tuple[Sequence[int], Sequence[int]] | MaskedExample
+"""``(prompt_ids, answer_ids)`` (the answer is trained) or a :class:`MaskedExample`."""
+
+
+def supervised_warmup(model: torch.nn.Module, examples: Sequence[Example],
                       section: WarmupSection, *, seed: int = 0, pad_token_id: int = 0,
                       on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """Train ``model`` on ``(prompt_ids, answer_ids)`` pairs for ``section.steps`` steps; return the losses.
+    """Train ``model`` on ``examples`` for ``section.steps`` steps; return the losses.
 
     Batches are drawn with a ``random.Random(seed)``, so the warm-up is reproducible.
     """
@@ -54,15 +73,23 @@ def supervised_warmup(model: torch.nn.Module, examples: Sequence[tuple[Sequence[
     return losses
 
 
-def _pad(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad: int
-         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    length = max(len(prompt) + len(answer) for prompt, answer in examples)
-    input_ids = torch.full((len(examples), length), pad, dtype=torch.long)
-    labels = torch.full((len(examples), length), -100, dtype=torch.long)
-    attention = torch.zeros((len(examples), length), dtype=torch.long)
-    for row, (prompt, answer) in enumerate(examples):
-        tokens = list(prompt) + list(answer)
-        input_ids[row, :len(tokens)] = torch.tensor(tokens)
-        labels[row, len(prompt):len(tokens)] = torch.tensor(list(answer))
+def _masked(example: Example) -> MaskedExample:
+    if isinstance(example, MaskedExample):
+        return example
+    prompt, answer = example
+    return MaskedExample([*prompt, *answer], [False] * len(prompt) + [True] * len(answer))
+
+
+def _pad(examples: Sequence[Example], pad: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    masked = [_masked(example) for example in examples]
+    length = max(len(example.tokens) for example in masked)
+    input_ids = torch.full((len(masked), length), pad, dtype=torch.long)
+    labels = torch.full((len(masked), length), -100, dtype=torch.long)
+    attention = torch.zeros((len(masked), length), dtype=torch.long)
+    for row, example in enumerate(masked):
+        tokens = torch.tensor(list(example.tokens), dtype=torch.long)
+        trained = torch.tensor(list(example.trained), dtype=torch.bool)
+        input_ids[row, :len(tokens)] = tokens
+        labels[row, :len(tokens)] = torch.where(trained, tokens, torch.full_like(tokens, -100))
         attention[row, :len(tokens)] = 1
     return input_ids, labels, attention

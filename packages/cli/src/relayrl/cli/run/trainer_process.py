@@ -25,6 +25,7 @@ decisions (see :mod:`relayrl.cli.run.ranks`).
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import sys
 import threading
@@ -51,7 +52,7 @@ from relayrl.rollout.config import build_environment
 from relayrl.rollout.manager import read_fleet_counters, write_progress
 from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
 from relayrl.trainer.metrics import MetricsWriter
-from relayrl.trainer.warmup import supervised_warmup
+from relayrl.trainer.warmup import MaskedExample, supervised_warmup
 from relayrl.weight_sync import Publisher
 
 __all__ = ["TrainerProcess", "main"]
@@ -88,7 +89,8 @@ class TrainerProcess:
         if not self.ranks.leader:
             self.ranks.barrier()  # the leader writes a fresh model directory first
         model_dir = materialize_model(config.model, self.layout.model_dir,
-                                      alphabet=getattr(self.environment, "alphabet", None), seed=config.run.seed)
+                                      alphabet=getattr(self.environment, "alphabet", None),
+                                      specials=getattr(self.environment, "specials", ()), seed=config.run.seed)
         if self.ranks.leader:
             self.ranks.barrier()
         self.tokenizer = load_tokenizer(model_dir)
@@ -112,14 +114,8 @@ class TrainerProcess:
         section = self.config.trainer.warmup
         if section.steps <= 0:
             return
-        demonstration = getattr(self.environment, "demonstration", None)
-        if demonstration is None:
-            raise SystemExit(f"trainer.warmup.steps = {section.steps}, but environment "
-                             f"{self.config.rollout.environment!r} has no demonstrations")
-        end = self.chat.stop_token_ids()
-        examples = [(self.chat.render("user", task.instruction) + self.chat.assistant_prefix(),
-                     self.chat.tokenizer.encode(demonstration(task)) + end[:1]) for task in self.environment.tasks()]
         started = time.monotonic()
+        examples = self._demonstrations()
 
         def progress(step: int, loss: float) -> None:
             self.layout.write_status("trainer", {"phase": "warmup", "step": step + 1, "steps": section.steps,
@@ -130,6 +126,25 @@ class TrainerProcess:
         write_event(self.layout, "trainer", "warmup", f"supervised warm-up: {section.steps} steps, loss "
                     f"{losses[0]:.3f} -> {losses[-1]:.3f} in {time.monotonic() - started:.1f} s",
                     data={"steps": section.steps, "first_loss": losses[0], "last_loss": losses[-1]})
+
+    def _demonstrations(self) -> list[Any]:
+        """The warm-up's examples: multi-turn expert trajectories, or single answers, from the environment."""
+        demonstrate = getattr(self.environment, "demonstrate", None)
+        if demonstrate is not None:  # played through the run's own harness and real sandboxed tools
+            from relayrl.rollout.agent import iter_segments
+            from relayrl.rollout.config import build_harness
+
+            trajectories = asyncio.run(demonstrate(harness=build_harness(self.config.rollout, pm=self.pm),
+                                                   chat=self.chat, tokenizer=self.tokenizer))
+            return [MaskedExample(tokens, trained) for trajectory in trajectories
+                    for tokens, trained in iter_segments(trajectory)]
+        demonstration = getattr(self.environment, "demonstration", None)
+        if demonstration is None:
+            raise SystemExit(f"trainer.warmup.steps = {self.config.trainer.warmup.steps}, but environment "
+                             f"{self.config.rollout.environment!r} has no demonstrations")
+        end = self.chat.stop_token_ids()
+        return [(self.chat.render("user", task.instruction) + self.chat.assistant_prefix(),
+                 self.chat.tokenizer.encode(demonstration(task)) + end[:1]) for task in self.environment.tasks()]
 
     def _recover(self) -> Any:
         recovered = recover(self.checkpointer.local, self.checkpointer.peers)
@@ -317,6 +332,10 @@ class TrainerProcess:
             self._fleet_reward = (totals["reward_sum"] - previous["reward_sum"]) / count
         if self._fleet_reward is not None:
             metrics["reward/fleet_mean"] = self._fleet_reward
+        for name, (numerator, denominator) in FLEET_BEHAVIOUR.items():
+            interval = totals[denominator] - previous[denominator]
+            if interval > 0:
+                metrics[name] = (totals[numerator] - previous[numerator]) / interval
         return metrics
 
     def _close(self) -> None:
@@ -324,6 +343,21 @@ class TrainerProcess:
             part = getattr(self, name, None)
             if part is not None:
                 part.close()
+
+
+FLEET_BEHAVIOUR = {
+    "reward/fleet_graded_mean": ("graded_reward_sum", "trajectories"),
+    "fleet/turns_per_trajectory": ("turns", "trajectories"),
+    "fleet/tool_calls_per_trajectory": ("tool_calls", "trajectories"),
+    "fleet/parallel_turn_share": ("parallel_turns", "turns"),
+    "fleet/tool_s_per_call": ("tool_seconds", "tool_results"),
+    "fleet/compacted_share": ("compacted_trajectories", "trajectories"),
+    "fleet/compactions_per_trajectory": ("compactions", "trajectories"),
+}
+"""Per-step means over every trajectory graded since the previous step (the rollout manager's
+behaviour counters): metric -> (counter, counter it is divided by). ``reward/fleet_graded_mean`` is
+the grader's reward before any shaper (the length penalty lowers ``reward/fleet_mean`` in its
+budget phases)."""
 
 
 def _prefixed(metrics: dict[str, Any]) -> dict[str, float]:

@@ -1,0 +1,361 @@
+"""Code search: a multi-turn, tool-using task that a model of a million parameters learns on a CPU.
+
+Each task is a generated repository (a few small Python files in a few directories) and a question
+naming identifiers: ``"find: qz4 mb7"`` asks for every file that mentions ``qz4`` or ``mb7``.
+Nothing in the prompt says where they are, and the file names are random: the only way to the
+answer is through the tools (``grep``, ``read_file``, ``list``), which run in the agent's own
+sandbox. Several calls in one turn run in parallel. The agent answers with the files, e.g.
+``"src/kobe.py lib/tamu.py"``; the reward is the F1 of the files it names against the truth (the
+code-search evaluation of the seeds' SWE-grep), computed by a grading script in a sandbox: the
+answer is untrusted model output and is never parsed on the host.
+
+**Demonstrations.** The supervised warm-up trains on trajectories of an expert policy
+(:class:`ExpertEngine`) played through the real agent harness against real sandboxes: its tool
+calls get the tools' real results, and when the harness asks it to compact it writes a summary
+(the files seen, the identifiers still to search) and continues from it in a new segment, exactly
+as a policy must. Half the experts search in parallel (one turn, every identifier), half one
+identifier per turn, so RL has something to choose between.
+
+**Splits.** Training tasks come from ``seed``, held-out evaluation tasks from a different stream;
+identifiers and file names are drawn fresh for every task, so a policy cannot memorise answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import json
+import random
+import re
+import string
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from relayrl.core.config import ConfigError, Section
+from relayrl.core.wire import TaskSpec, Trajectory
+from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, StreamEvent
+
+__all__ = ["ALPHABET", "SPECIALS", "CodeSearchConfig", "CodeSearchEnvironment", "ExpertEngine", "expert_reply",
+           "make_tasks", "score_answer"]
+
+ALPHABET = string.ascii_lowercase + string.digits + " _.,:/{}[]()\"'=+-*<>!?#\n\t"
+"""Every character of prompts, tool calls, tool results and answers (the character tokenizer's)."""
+
+MARKUP = ("<tool_call>", "</tool_call>", '{"name": "', '", "arguments": {', '"pattern": "', '"path": "', '"}}',
+            "grep", "read_file", "list", " exit=0 time=", "find: ", "summary:", "compact:", "seen ", " todo ", ".py")
+"""Markup the tokenizer keeps whole: tool-call JSON, tool names, the result header, the file suffix."""
+
+_DIRECTORIES = ("src", "lib", "app", "core", "util", "api", "web", "db", "cli", "io")
+_CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
+_KEYWORDS = ("def", "return", "import", "class", "if", "for", "in", "not", "and", "or")
+_PATTERN = re.compile(r'"pattern": "([a-z0-9]+)"')
+_RESULT_LINE = re.compile(r"^\./([\w./-]+):\d+:", re.MULTILINE)
+
+
+# --------------------------------------------------------------------------------------- tasks
+def _vocabulary() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The file words (two syllables) and identifiers (two letters and a digit: no keyword or file
+    name contains one, so a search for it finds only it) repositories are written with."""
+    rng = random.Random(20261201)
+    words: dict[str, None] = {}
+    while len(words) < 32:
+        words["".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(2))] = None
+    identifiers: dict[str, None] = {}
+    while len(identifiers) < 32:
+        identifiers[rng.choice(string.ascii_lowercase) + rng.choice(string.ascii_lowercase) + rng.choice(string.digits)] = None
+    return tuple(words), tuple(identifiers)
+
+
+WORDS, IDENTIFIERS = _vocabulary()
+
+
+def _word(rng: random.Random) -> str:
+    return rng.choice(WORDS)
+
+
+def _identifier(rng: random.Random) -> str:
+    return rng.choice(IDENTIFIERS)
+
+
+def _line(rng: random.Random, first: str, second: str) -> str:
+    return rng.choice((f"def {first}(): return {second}()", f"{first} = {second} + 1",
+                       f"from . import {first}, {second}", f"if {first}: {second}()",
+                       f"for {first} in {second}(): pass", f"class {first}({second}): pass"))
+
+
+def make_task(rng: random.Random, task_id: str, *, files: tuple[int, int], queries: tuple[int, int]) -> TaskSpec:
+    """One task: a repository of ``files`` (min, max) files and ``queries`` (min, max) identifiers asked."""
+    count = rng.randint(*files)
+    directories = rng.sample(_DIRECTORIES, k=min(3, len(_DIRECTORIES)))
+    paths: list[str] = []
+    while len(paths) < count:
+        path = f"{rng.choice(directories)}/{_word(rng)}.py"
+        if path not in paths:
+            paths.append(path)
+    identifiers: list[str] = []
+    while len(identifiers) < count + 3:
+        name = _identifier(rng)
+        if name not in identifiers:
+            identifiers.append(name)
+    asked = identifiers[: rng.randint(*queries)]
+    filler = identifiers[len(asked):]
+    # Each asked identifier lives in one or two files; every file has two lines of filler besides.
+    homes = {name: rng.sample(paths, k=rng.choice((1, 1, 2))) for name in asked}
+    contents: dict[str, list[str]] = {path: [] for path in paths}
+    for path in paths:
+        contents[path] += [_line(rng, *rng.sample(filler, 2)) for _ in range(2)]
+    for name, where in homes.items():
+        for path in where:
+            contents[path].insert(rng.randrange(len(contents[path]) + 1), _line(rng, name, rng.choice(filler)))
+    truth = sorted({path for where in homes.values() for path in where})
+    return TaskSpec(task_id=task_id, instruction=f"find: {' '.join(asked)}", kind="code-search", answer=truth,
+                    metadata={"files": {path: "\n".join(lines) + "\n" for path, lines in contents.items()},
+                              "identifiers": asked, "parallel": rng.random() < 0.5})
+
+
+def make_tasks(count: int, *, seed: int, prefix: str = "cs", files: tuple[int, int] = (4, 7),
+               queries: tuple[int, int] = (2, 2)) -> list[TaskSpec]:
+    """``count`` tasks from a generator seeded with ``seed`` (the same seed gives the same tasks)."""
+    rng = random.Random(seed)
+    return [make_task(rng, f"{prefix}-{index}", files=files, queries=queries) for index in range(count)]
+
+
+def write_repository(task: TaskSpec, directory: Path) -> Path:
+    """Write ``task``'s generated repository into ``directory`` (created); return it."""
+    for path, text in task.metadata["files"].items():
+        target = directory / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return directory
+
+
+SPECIALS = (*MARKUP, *_DIRECTORIES, *WORDS, *IDENTIFIERS)
+"""Strings the character tokenizer keeps whole, as a small BPE vocabulary trained on this task's
+text would: the markup, and the directory names, file words and identifiers repositories are made
+of. A call is then eight tokens instead of seventy characters and a path four; the model still
+writes every call and answer itself, and the harness parses the text they decode to."""
+
+
+# --------------------------------------------------------------------------------------- grading
+def score_answer(answer: str, truth: list[str]) -> float:
+    """F1 of the files named in ``answer`` against ``truth`` (runs in the sandbox; tests call it too).
+
+    A file is a token with a ``/`` and a ``.py`` suffix (``./`` removed); naming every file of the
+    repository is not rewarded, and an answer naming none earns 0.
+    """
+    import re as _re
+
+    tokens = [token.rstrip(".") for token in _re.findall(r"[\w./-]+", answer)]
+    named = {token[2:] if token.startswith("./") else token for token in tokens if "/" in token and token.endswith(".py")}
+    hits = len(named & set(truth))
+    if not named or hits == 0:
+        return 0.0
+    precision, recall = hits / len(named), hits / len(truth)
+    return 2 * precision * recall / (precision + recall)
+
+
+# Runs inside the sandbox: reads [{"answer": "...", "truth": [...]}] on stdin, prints one reward per answer.
+GRADE_SCRIPT = inspect.getsource(score_answer) + r"""
+import json, sys
+print(json.dumps([score_answer(item["answer"], item["truth"]) for item in json.load(sys.stdin)]))
+"""
+
+
+# --------------------------------------------------------------------------------------- the expert
+def _call(identifier: str) -> str:
+    return f"<tool_call>{json.dumps({'name': 'grep', 'arguments': {'pattern': identifier}})}</tool_call>"
+
+
+def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summary_header: str) -> str:
+    """What the expert says next in ``context`` (the current segment's text, up to its turn).
+
+    It searches every identifier not searched yet (all at once, or the first, per the task's
+    ``parallel`` style), answers with the files the results named once none is left, and when
+    asked to compact, writes ``seen FILES todo IDENTIFIERS``.
+    """
+    asked: list[str] = task.metadata["identifiers"]
+    summary = context.split(summary_header, 1)[1] if summary_header and summary_header in context else ""
+    searched = set(_PATTERN.findall(context))
+    seen = list(dict.fromkeys(_RESULT_LINE.findall(context)))
+    if summary:
+        remembered, _, todo = summary.partition(" todo ")
+        seen = list(dict.fromkeys(remembered.removeprefix("\n").removeprefix("seen").split() + seen))
+        searched |= set(asked) - set(todo.split())
+    remaining = [identifier for identifier in asked if identifier not in searched]
+    if context.rstrip().endswith(compaction_prompt.strip()):
+        return f"seen {' '.join(seen)}" + (f" todo {' '.join(remaining)}" if remaining else "")
+    if remaining:
+        return "".join(_call(identifier) for identifier in (remaining if task.metadata["parallel"] else remaining[:1]))
+    return " ".join(seen)
+
+
+class ExpertEngine(InferenceEngine):
+    """An inference engine that plays :func:`expert_reply` for each trajectory's task.
+
+    The warm-up's demonstrations are trajectories of this engine through the real harness and the
+    real tools: tokens, tool results and compactions are what a policy would see. Its logprobs are
+    0 (it is deterministic); the warm-up trains on its tokens, never on its logprobs.
+    """
+
+    engine_id = "expert"
+
+    def __init__(self, tasks: Sequence[TaskSpec], tokenizer: Any, *, compaction_prompt: str, summary_header: str,
+                 version: int = 0) -> None:
+        self.tasks = {task.task_id: task for task in tasks}
+        self.tokenizer = tokenizer
+        self.compaction_prompt = compaction_prompt
+        self.summary_header = summary_header
+        self.version = version
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        task = self.tasks[request.request_id.split("/", 1)[0]]
+        text = expert_reply(task, self.tokenizer.decode(request.prompt), compaction_prompt=self.compaction_prompt,
+                            summary_header=self.summary_header)
+        tokens = (self.tokenizer.encode(text) + list(request.params.stop_token_ids[:1]))[: request.params.max_tokens]
+        for index, token in enumerate(tokens):
+            last = index == len(tokens) - 1
+            finish = ("stop" if token in request.params.stop_token_ids else "length") if last else None
+            yield StreamEvent(tokens=[token], logprobs=[0.0], versions=[self.version], kept=[[token, 0]],
+                              engine_id=self.engine_id, finish_reason=finish)
+
+
+# --------------------------------------------------------------------------------------- environment
+class CodeSearchConfig(Section, kw_only=True):
+    """Options of the ``code-search`` environment (``[rollout.environment_options]``)."""
+
+    tasks: int = 5000
+    """Size of the training pool (the prompt scheduler cycles through it)."""
+    eval_tasks: int = 200
+    """Held-out tasks, from a different random stream."""
+    seed: int = 0
+    files: list[int] = msgspec.field(default_factory=lambda: [4, 7])
+    """Files per repository: [min, max]."""
+    identifiers: list[int] = msgspec.field(default_factory=lambda: [2, 2])
+    """Identifiers asked per task: [min, max]."""
+    tools: list[str] = msgspec.field(default_factory=lambda: ["grep", "read_file", "list"])
+    """The tools the agent gets (relayrl-sandbox's ToolBox; read-only ones)."""
+    demonstrations: int = 400
+    """Expert trajectories the supervised warm-up trains on (played through real sandboxes)."""
+    grade_window_s: float = 0.02
+    """Answers arriving within this window are graded by one sandbox command."""
+
+    def check(self, pm: object, path: str) -> None:
+        for key in ("files", "identifiers"):
+            bounds = getattr(self, key)
+            if len(bounds) != 2 or not 1 <= bounds[0] <= bounds[1]:
+                raise ConfigError(f"{path}.{key}: must be [min, max] with 1 <= min <= max, got {bounds}")
+        if self.files[0] < self.identifiers[1]:
+            raise ConfigError(f"{path}.files: a repository needs at least as many files as identifiers asked")
+        from relayrl.sandbox.tools import TOOL_SCHEMAS
+
+        known = {schema["function"]["name"] for schema in TOOL_SCHEMAS}
+        unknown = sorted(set(self.tools) - known)
+        if unknown or not self.tools:
+            raise ConfigError(f"{path}.tools: unknown {unknown} (known: {sorted(known)})" if unknown
+                              else f"{path}.tools: give the agent at least one tool")
+
+
+class CodeSearchEnvironment:
+    """Environment ``code-search``: generated repositories, search tools in sandboxes, sandboxed F1."""
+
+    Config = CodeSearchConfig
+    alphabet = ALPHABET
+    specials = SPECIALS
+
+    def __init__(self, config: CodeSearchConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
+        from relayrl.rollout.batch_grading import BatchedSandboxGrader
+
+        self.config = config or CodeSearchConfig()
+        self._sandbox_section = sandbox
+        self._pm = pm
+        self._backend: Any = None
+        self.grader = BatchedSandboxGrader(GRADE_SCRIPT, name="code-search", sandbox=sandbox, pm=pm,
+                                           window_s=self.config.grade_window_s)
+
+    def _generate(self, count: int, seed: int, prefix: str) -> list[TaskSpec]:
+        return make_tasks(count, seed=seed, prefix=prefix, files=tuple(self.config.files),  # type: ignore[arg-type]
+                          queries=tuple(self.config.identifiers))  # type: ignore[arg-type]
+
+    def tasks(self) -> list[TaskSpec]:
+        return self._generate(self.config.tasks, self.config.seed, "cs")
+
+    def eval_tasks(self) -> list[TaskSpec]:
+        return self._generate(self.config.eval_tasks, self.config.seed + 1_000_003, "cs-eval")
+
+    def demonstration_tasks(self) -> list[TaskSpec]:
+        """Tasks of the warm-up's demonstrations: a stream of their own (neither training nor eval)."""
+        return self._generate(self.config.demonstrations, self.config.seed + 2_000_003, "cs-demo")
+
+    # ------------------------------------------------------------------ tools
+    def _open_backend(self) -> Any:
+        if self._backend is None:
+            from relayrl.sandbox import SandboxSection, open_backend
+
+            self._backend = open_backend(section=self._sandbox_section or SandboxSection(), pm=self._pm)
+        return self._backend
+
+    @contextlib.asynccontextmanager
+    async def tools(self, task: TaskSpec) -> AsyncIterator[Any]:
+        """The agent's tools in a sandbox of its own holding the task's repository."""
+        from relayrl.sandbox import SandboxSection, ToolBox
+
+        backend = await asyncio.to_thread(self._open_backend)
+        with tempfile.TemporaryDirectory(prefix="relayrl-search-") as temp:
+            repository = write_repository(task, Path(temp) / "repo")
+            sandbox = await asyncio.to_thread(backend.create, repository)
+            try:
+                toolbox = ToolBox.from_section(sandbox, self._sandbox_section or SandboxSection())
+                toolbox.tools = {name: tool for name, tool in toolbox.tools.items() if name in self.config.tools}
+                yield toolbox
+            finally:
+                await asyncio.to_thread(sandbox.close)
+
+    # ------------------------------------------------------------------ grading
+    async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
+        from relayrl.rollout.manager import with_rewards
+
+        items = [{"answer": final_answer(trajectory)[:2000], "truth": list(task.answer)} for trajectory in trajectories]
+        rewards = await self.grader.grade(items)
+        return [with_rewards(trajectory, reward, f1=reward, success=float(reward >= 0.999))
+                for trajectory, reward in zip(trajectories, rewards)]
+
+    def metrics(self) -> dict[str, float]:
+        return self.grader.metrics()
+
+    def close(self) -> None:
+        self.grader.close()
+        self._backend = None
+
+    # ------------------------------------------------------------------ demonstrations
+    async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
+        """The expert's trajectories on :meth:`demonstration_tasks`, through ``harness`` and real tools."""
+        from relayrl.rollout.protocol import SamplingParams
+        from relayrl.rollout.routing import TokenRecordingProxy
+
+        tasks = self.demonstration_tasks()
+        config = getattr(harness, "config", None)
+        engine = ExpertEngine(tasks, tokenizer, compaction_prompt=getattr(config, "compaction_prompt", ""),
+                              summary_header=getattr(config, "summary_header", ""))
+        proxy = TokenRecordingProxy(engine)
+        limit = asyncio.Semaphore(4)
+
+        async def one(task: TaskSpec) -> Trajectory:
+            async with limit, self.tools(task) as tools:
+                return await harness.run(task, proxy=proxy, tools=tools, chat=chat, sampling=SamplingParams(),
+                                         group_id=task.task_id, sample_index=0)
+
+        return list(await asyncio.gather(*(one(task) for task in tasks)))
+
+
+def final_answer(trajectory: Trajectory) -> str:
+    """The agent's answer: its last assistant message, when that message calls no tool (else none)."""
+    for segment in reversed(trajectory.segments):
+        for turn in reversed(segment.turns):
+            if turn.role == "assistant":
+                return "" if turn.tool_calls or "<tool_call>" in (turn.text or "") else (turn.text or "")
+    return ""

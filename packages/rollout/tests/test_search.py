@@ -1,0 +1,135 @@
+"""The code-search environment: generated tasks, sandboxed tools and grading, the expert's demonstrations."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+
+import pytest
+
+from relayrl.core.config import ConfigError
+from relayrl.core.wire import GeneratedSpan, TaskSpec, Trajectory, TrajectorySegment, Turn
+from relayrl.rollout.agent import AgentConfig, CodingAgent, iter_segments
+from relayrl.rollout.chat import CharTokenizer, RawChatFormat
+from relayrl.rollout.search import (
+    ALPHABET,
+    SPECIALS,
+    CodeSearchConfig,
+    CodeSearchEnvironment,
+    expert_reply,
+    final_answer,
+    make_tasks,
+    score_answer,
+)
+
+TOKENIZER = CharTokenizer(ALPHABET, specials=("<pad>", "<bos>", "<|end|>", *SPECIALS))
+CHAT = RawChatFormat(TOKENIZER)
+
+
+def _mentions(task: TaskSpec, identifier: str) -> set[str]:
+    return {path for path, text in task.metadata["files"].items() if re.search(rf"\b{identifier}\b", text)}
+
+
+def test_tasks_are_seeded_distinct_and_answerable_only_with_tools():
+    tasks = make_tasks(2000, seed=3)
+    assert [task.instruction for task in make_tasks(50, seed=3)] == [task.instruction for task in tasks[:50]]
+    repositories = {tuple(sorted(task.metadata["files"].items())) for task in tasks}
+    assert len(repositories) == len(tasks)  # thousands of distinct tasks
+    held_out = make_tasks(200, seed=3 + 1_000_003, prefix="cs-eval")
+    assert not repositories & {tuple(sorted(task.metadata["files"].items())) for task in held_out}
+    for task in tasks[:300]:
+        asked = task.metadata["identifiers"]
+        assert task.instruction == f"find: {' '.join(asked)}"
+        assert set(task.answer) == set().union(*(_mentions(task, name) for name in asked))
+        assert not any(part in task.instruction for path in task.metadata["files"] for part in re.split(r"[/.]", path)
+                       if len(part) > 3)  # no file or directory name is in the prompt
+        assert all(char in ALPHABET for text in task.metadata["files"].values() for char in text)
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    ("src/a.py lib/b.py", 1.0), ("./src/a.py, lib/b.py.", 1.0), ("src/a.py", 2 / 3),
+    ("src/a.py lib/b.py app/c.py", 0.8), ("", 0.0), ("a.py b.py", 0.0), ("app/c.py", 0.0),
+    ("src/a.py src/a.py lib/b.py", 1.0),
+])
+def test_score_is_f1_of_the_named_files(answer, expected):
+    assert score_answer(answer, ["src/a.py", "lib/b.py"]) == pytest.approx(expected)
+
+
+def test_final_answer_is_the_last_message_without_tool_calls():
+    span = GeneratedSpan.build([5], [-0.1], [1])
+    answered = Trajectory(trajectory_id="t", task_id="x", group_id="g", sample_index=0, segments=[TrajectorySegment(
+        turns=[Turn(role="assistant", generated=span, text="src/a.py")])])
+    calling = Trajectory(trajectory_id="t", task_id="x", group_id="g", sample_index=0, segments=[TrajectorySegment(
+        turns=[Turn(role="assistant", generated=span, text='<tool_call>{"name": "list"}</tool_call> src/a.py')])])
+    assert final_answer(answered) == "src/a.py" and final_answer(calling) == ""
+
+
+def test_the_sandboxed_grader_agrees_with_the_reference_and_pays_no_cheat():
+    environment = CodeSearchEnvironment(CodeSearchConfig())
+    rng = random.Random(0)
+    truth = ["src/kobe.py", "lib/tamu.py"]
+    answers = ["src/kobe.py lib/tamu.py", "lib/tamu.py", "", "src/kobe.py lib/tamu.py app/x.py", "*.py",
+               "print(1)", "__import__('os').system('true') src/kobe.py", "\x00" * 10,
+               " ".join(rng.choice(["src/kobe.py", "lib/tamu.py", "web/a.py", "x"]) for _ in range(6))]
+    items = [{"answer": answer, "truth": truth} for answer in answers]
+    assert environment.grader.grade_sync(items) == pytest.approx([score_answer(a, truth) for a in answers])
+    assert environment.grader.sandbox_calls == 1
+
+
+def _harness(context_limit: int = 400) -> CodingAgent:
+    return CodingAgent(AgentConfig(system_prompt="", max_turns=6, max_tokens_per_turn=128, max_total_tokens=512,
+                                   context_limit=context_limit, summary_max_tokens=80, compaction_prompt="compact:",
+                                   summary_header="summary:"))
+
+
+@pytest.mark.parametrize("context_limit", [1000, 330])
+def test_the_expert_solves_every_task_through_real_sandboxes(context_limit):
+    """Demonstrations run the real harness and tools: every one is graded 1, and under a tight
+    context limit some compact and still answer from their summary."""
+    environment = CodeSearchEnvironment(CodeSearchConfig(demonstrations=24))
+    trajectories = asyncio.run(environment.demonstrate(harness=_harness(context_limit), chat=CHAT, tokenizer=TOKENIZER))
+    tasks = environment.demonstration_tasks()
+
+    async def grade():
+        return [(await environment.grade(task, [trajectory], [""]))[0] for task, trajectory in zip(tasks, trajectories)]
+
+    graded = asyncio.run(grade())
+    assert [trajectory.reward for trajectory in graded] == [1.0] * len(tasks)
+    calls = [len(turn.tool_calls) for trajectory in trajectories for segment in trajectory.segments
+             for turn in segment.turns if turn.role == "assistant"]
+    assert sum(calls) >= 2 * len(tasks) and max(calls) >= 2  # every identifier searched; some turns in parallel
+    results = [result for trajectory in trajectories for segment in trajectory.segments for turn in segment.turns
+               for result in turn.tool_results]
+    assert results and all(result.exit_status == 0 and result.wall_time_s > 0 for result in results)
+    compacted = [trajectory for trajectory in trajectories if trajectory.metrics["compactions"] > 0]
+    if context_limit < 400:
+        assert compacted and all(len(trajectory.segments) >= 2 for trajectory in compacted)
+        assert any("summary:" in TOKENIZER.decode(tokens) for trajectory in compacted
+                   for tokens, _ in iter_segments(trajectory))
+    else:
+        assert not compacted
+    for trajectory in trajectories:  # trained tokens are exactly the generated ones
+        for tokens, trained in iter_segments(trajectory):
+            assert len(tokens) == len(trained) and any(trained) and not all(trained)
+
+
+def test_expert_summary_keeps_what_is_found_and_what_is_left():
+    task = make_tasks(1, seed=0)[0]
+    first, second = task.metadata["identifiers"]
+    context = (f"{task.instruction}<tool_call>{{\"name\": \"grep\", \"arguments\": {{\"pattern\": \"{first}\"}}}}"
+               f"</tool_call>[t1-0] exit=0 time=0.01s\n./src/kobe.py:1:x = {first}\ncompact:")
+    summary = expert_reply(task, context, compaction_prompt="compact:", summary_header="summary:")
+    assert summary == f"seen src/kobe.py todo {second}"
+    resumed = f"{task.instruction}\n\nsummary:\n{summary}"
+    assert f'"pattern": "{second}"' in expert_reply(task, resumed, compaction_prompt="compact:",
+                                                    summary_header="summary:")
+
+
+@pytest.mark.parametrize(("options", "key"), [
+    ({"files": [3]}, "files"), ({"identifiers": [3, 2]}, "identifiers"), ({"files": [1, 1]}, "files"),
+    ({"tools": ["rm"]}, "tools"), ({"tools": []}, "tools"),
+])
+def test_bad_options_name_their_key(options, key):
+    with pytest.raises(ConfigError, match=rf"env\.{key}"):
+        CodeSearchConfig(**options).check(None, "env")
