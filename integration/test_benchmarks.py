@@ -97,3 +97,8 @@ def test_the_gpu_checks_deepspeed_half_runs_on_cpu():
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "ZeRO-3" in result.stdout and "first publish" in result.stdout
+
+
+def test_agent_warmup_benchmark_quick_mode_samples_the_warmed_agent():
+    out = run_quick("agent_warmup.py")
+    assert "demonstrations" in out and "| 5 |" in out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -131,19 +132,25 @@ def test_the_same_run_with_the_bus_on_s3(tmp_path, s3_url):
     assert (run_dir / "checkpoints").exists()  # checkpoints stay node-local
 
 
-def test_the_agentic_example_uses_tools_in_sandboxes_compacts_and_trains_every_segment(tmp_path):
+@pytest.fixture(scope="module")
+def agent_run(tmp_path_factory) -> Path:
     """examples/agent.toml, short: a warm-up long enough for well-formed calls, a context limit low
-    enough that most trajectories compact. Checks that the agentic path ran, not that it learned."""
-    from relayrl.cli.run.ledger import verify_run
-
-    run_dir = tmp_path / "run"
+    enough that most trajectories compact."""
+    run_dir = tmp_path_factory.mktemp("agent") / "run"
     run = relayrl("run", str(ROOT / "examples" / "agent.toml"), "--run-dir", str(run_dir), "--steps", "3",
-                  "--no-report", "--set", "trainer.warmup.steps=40", "--set", "rollout.environment_options.demonstrations=64",
+                  "--set", "trainer.warmup.steps=40", "--set", "rollout.environment_options.demonstrations=64",
                   "--set", "rollout.skip_zero_variance=false", "--set", "buffer.admission=['staleness']",
                   "--set", "buffer.batch_groups=2", "--set", "rollout.harness_options.context_limit=170")
     output, _ = run.communicate(timeout=900)
     assert run.returncode == 0, output
-    records = read_metrics(run_dir)
+    return run_dir
+
+
+def test_the_agentic_example_uses_tools_in_sandboxes_compacts_and_trains_every_segment(agent_run):
+    """Checks that the agentic path ran, not that it learned."""
+    from relayrl.cli.run.ledger import verify_run
+
+    records = read_metrics(agent_run)
     assert [record["step"] for record in records] == [1, 2, 3]
     fleet = [record["metrics"] for record in records if "fleet/tool_calls_per_trajectory" in record["metrics"]]
     assert fleet, "no step saw graded trajectories"
@@ -153,10 +160,36 @@ def test_the_agentic_example_uses_tools_in_sandboxes_compacts_and_trains_every_s
     assert max(metrics["fleet/compacted_share"] for metrics in fleet) > 0  # some trajectories compacted ...
     assert max(record["metrics"]["response/segments_mean"] for record in records) > 1  # ... and were trained on
     assert all(0.0 <= metrics["reward/fleet_graded_mean"] <= 1.0 for metrics in fleet)
-    rollout = json.loads((run_dir / "status" / "rollout.json").read_text())
+    rollout = json.loads((agent_run / "status" / "rollout.json").read_text())
     assert rollout["metrics"]["sandbox/graded_answers"] > 0  # answers graded by the sandboxed script
-    check = verify_run(run_dir)
+    check = verify_run(agent_run)
     assert check.ok, check
+    report = agent_run / "report"
+    assert "trajectories.html" in (report / "report.html").read_text()  # the report links the viewer
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def test_the_trajectory_viewer_renders_the_run_in_a_headless_browser(agent_run, tmp_path):
+    import shutil
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium here (Debian: apt-get install chromium); the viewer is a static page")
+    page = tmp_path / "view.html"
+    viewer = relayrl("view", str(agent_run), "--step", "1", "--output", str(page))
+    output, _ = viewer.communicate(timeout=300)
+    assert viewer.returncode == 0 and page.exists(), output
+    dom = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom",
+                          page.as_uri()], capture_output=True, text=True, timeout=120).stdout
+    # The page is built by its script from the embedded data: these exist only if the script ran.
+    rendered = dom.count('class="trajectory"')
+    assert rendered >= 8, dom[-2000:]  # step 1 trained two groups of eight
+    assert re.search(r"(\d+) of \1 trajectories in \d+ groups", dom)
+    assert 'class="result"' in dom and 'class="tok"' in dom and "call t1-0: grep(" in dom
+    assert "continues from:" in dom  # a compaction segment with its summary
 
 
 @pytest.mark.parametrize("example", sorted(path.name for path in (ROOT / "examples").glob("*.toml")))

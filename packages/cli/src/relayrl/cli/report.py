@@ -199,9 +199,22 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     body += [f"<li>step {html.escape(str(event.data.get('step', '?')))}: {html.escape(event.message)}</li>"
              for event in alarms] or ["<li>None.</li>"]
     body += ["</ul>"]
+    body += [_viewer_link(run_dir, out)]
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>relayrl run report</title><style>"
             "body{font-family:sans-serif;max-width:60em;margin:2em auto}img{max-width:100%}"
             "th{text-align:left;padding-right:1em}</style></head><body>" + "\n".join(body) + "</body></html>")
     html_path = out / "report.html"
     html_path.write_text(page)
     return Report(html_path, markdown_path, [path for _, path, _ in plots], summary)
+
+
+def _viewer_link(run_dir: str | Path, out: Path) -> str:
+    """Write the trajectory viewer beside the report and link it (or say in one line why not)."""
+    from relayrl.cli.view import write_viewer
+    from relayrl.core.errors import RelayrlError
+
+    try:
+        path = write_viewer(run_dir, out / "trajectories.html")
+    except (OSError, ValueError, KeyError, RelayrlError) as exc:
+        return f"<p>No trajectory viewer: {html.escape(' '.join(str(exc).split()))}</p>"
+    return f"<h2>Trajectories</h2><p><a href='{path.name}'>Browse sampled trajectories</a> (also: relayrl view).</p>"

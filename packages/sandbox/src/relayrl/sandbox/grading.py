@@ -238,14 +238,18 @@ class Grader:
         """Reward each ``(trajectory, final diff)`` and run the detectors; flagged ones get reward 0.
 
         The evidence is kept on the trajectory (``cheating``); the grade is kept in
-        ``reward_components["success"]``.
+        ``reward_components["success"]``, the grader's report in ``metrics`` (``grade/...``: whether
+        the diff applied, tests expected and passed, grading seconds).
         """
         reports = self.grade_group(task, [diff for _, diff in answers])
         hidden = self.hidden_test_sources(task)
         graded = []
         for (trajectory, diff), report in zip(answers, reports):
+            grade = {"grade/applied": float(report.applied), "grade/tests_expected": float(report.tests_expected),
+                     "grade/tests_passed": float(report.tests_passed), "grade/wall_time_s": report.wall_time_s}
             scored = msgspec.structs.replace(trajectory, reward=report.reward,
-                                             reward_components={**trajectory.reward_components, "success": report.reward})
+                                             reward_components={**trajectory.reward_components, "success": report.reward},
+                                             metrics={**trajectory.metrics, **grade})
             context = DetectionContext.from_trajectory(scored, task, diff=diff, hidden_tests=hidden,
                                                        reference_globs=self.section.reference_globs)
             flags = [*report.flags, *run_detectors(context, self.section.detectors, pm=self.pm)]
