@@ -38,7 +38,7 @@ def test_report_writes_plots_summary_and_alarms(tmp_path):
     assert report.summary["reward_last_tenth"] == pytest.approx(0.05 + 0.01 * 37.5)
     markdown = report.markdown_path.read_text()
     assert "step 5: entropy/token_mean = 0.05 at step 5" in markdown
-    assert "Not recorded in this run: Weight sync (s)." in markdown
+    assert "Not recorded in this run: Tool use (every graded trajectory), Weight sync (s)." in markdown
     page = report.html_path.read_text()
     assert page.count("data:image/png;base64,") == 6 and "<li>step 5:" in page
 
@@ -50,3 +50,22 @@ def test_cli_report_and_errors(tmp_path, capsys):
     with pytest.raises(RelayrlError, match="no metrics.jsonl"):
         write_report(tmp_path / "missing")
     assert main(["report", str(tmp_path / "missing")]) == 2
+
+
+def test_agentic_runs_get_a_tool_use_plot_and_a_per_tenth_table(tmp_path):
+    with open(tmp_path / "metrics.jsonl", "w") as handle:
+        for step in range(1, 21):
+            metrics = {"reward/fleet_graded_mean": step / 20, "reward/fleet_mean": step / 50,
+                       "fleet/tool_calls_per_trajectory": 2.0, "fleet/parallel_turn_share": 0.5,
+                       "fleet/turns_per_trajectory": 3.0, "fleet/compacted_share": 0.25}
+            handle.write(json.dumps({"step": step, "time": 1000.0 + step, "metrics": metrics}) + "\n")
+    report = write_report(tmp_path)
+    assert "tools.png" in {path.name for path in report.plots}
+    assert report.summary["reward_metric"] == "reward/fleet_graded_mean"  # the grader's, not the shaped one
+    rows = [line for line in report.markdown_path.read_text().splitlines() if line.startswith("| ")]
+    table = rows[rows.index(next(row for row in rows if row.startswith("| steps | reward"))):]
+    assert table[0] == ("| steps | reward (grader) | reward (shaped) | tool calls | parallel turns | turns | "
+                        "compacted |")
+    assert table[1] == "| 1-2 | 0.075 | 0.030 | 2.000 | 0.500 | 3.000 | 0.250 |"
+    assert table[10].startswith("| 19-20 | 0.975 |") and len(table) == 11
+    assert "<h2>Per tenth of the run</h2>" in report.html_path.read_text()

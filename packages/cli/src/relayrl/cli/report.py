@@ -85,15 +85,54 @@ def _tenths(values: list[float]) -> tuple[float, float]:
 
 
 PLOTS: list[tuple[str, str, list[tuple[str, str]]]] = [
-    ("reward", "Reward", [("reward/fleet_mean", "every rollout (the success rate)"), ("reward/mean", "trained batch")]),
+    ("reward", "Reward", [("reward/fleet_graded_mean", "every rollout, the grader's (before shapers)"),
+                          ("reward/fleet_mean", "every rollout, shaped"), ("reward/mean", "trained batch")]),
     ("entropy", "Entropy (nats/token)", [("entropy/token_mean", "full distribution"), ("entropy/kept_mean", "kept-set")]),
     ("mismatch", "Train/inference mismatch KL", [("mismatch/kl_k1", "k1"), ("mismatch/kl_k3", "k3")]),
     ("lengths", "Response length and turns", [("response/tokens_mean", "tokens per trajectory"),
                                               ("response/turns_mean", "turns per trajectory")]),
+    ("tools", "Tool use (every graded trajectory)", [("fleet/tool_calls_per_trajectory", "tool calls per trajectory"),
+                                                      ("fleet/turns_per_trajectory", "turns per trajectory"),
+                                                      ("fleet/parallel_turn_share", "share of turns with parallel calls"),
+                                                      ("fleet/compacted_share", "share of trajectories compacted")]),
     ("throughput", "Throughput (tokens/s)", [("trainer/tokens_per_s", "trainer"), ("fleet/tokens_per_s", "rollout fleet")]),
     ("weight_sync", "Weight sync (s)", [("weight_sync/publish_s", "publish"), ("weight_sync/fetch_s", "fetch"),
                                         ("weight_sync/apply_s", "apply (pause)")]),
 ]
+
+
+TENTH_COLUMNS = [
+    ("reward/fleet_graded_mean", "reward (grader)"), ("reward/fleet_mean", "reward (shaped)"),
+    ("fleet/tool_calls_per_trajectory", "tool calls"), ("fleet/parallel_turn_share", "parallel turns"),
+    ("fleet/turns_per_trajectory", "turns"), ("fleet/compacted_share", "compacted"),
+    ("response/tokens_mean", "tokens"), ("entropy/token_mean", "entropy"), ("fleet/tool_s_per_call", "s per call"),
+]
+"""Columns of the per-tenth table (those a run recorded): agentic runs are judged by these."""
+
+
+def tenths_table(records: list[dict[str, Any]]) -> list[str]:
+    """The run's steps in ten slices, the mean of each recorded column per slice (Markdown rows)."""
+    columns = [(name, label) for name, label in TENTH_COLUMNS if _series(records, name)[1]]
+    if len(records) < 10 or not columns:
+        return []
+    size = len(records) / 10
+    rows = ["| steps | " + " | ".join(label for _, label in columns) + " |",
+            "|---|" + "---|" * len(columns)]
+    for tenth in range(10):
+        chunk = records[round(tenth * size):round((tenth + 1) * size)]
+        cells = []
+        for name, _ in columns:
+            _, values = _series(chunk, name)
+            cells.append(f"{sum(values) / len(values):.3f}" if values else "")
+        rows.append(f"| {chunk[0]['step']}-{chunk[-1]['step']} | " + " | ".join(cells) + " |")
+    return rows
+
+
+def _markdown_table_html(rows: list[str]) -> str:
+    cells = [[html.escape(cell.strip()) for cell in row.strip("|").split("|")] for row in rows if not row.startswith("|---")]
+    head, *body = cells
+    return ("<table><tr>" + "".join(f"<th>{cell}</th>" for cell in head) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>" for row in body) + "</table>")
 
 
 def write_report(run_dir: str | Path, output: str | Path | None = None) -> Report:
@@ -159,12 +198,13 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     else:
         missing.append("Staleness histogram")
 
-    # The fleet's reward counts every graded group; the batch's is biased by the zero-variance filter.
-    _, rewards = _series(records, "reward/fleet_mean")
-    reward_source = "reward/fleet_mean"
-    if not rewards:
-        _, rewards = _series(records, "reward/mean")
-        reward_source = "reward/mean"
+    # The fleet's reward counts every graded group (the grader's, before a length penalty lowers it);
+    # the batch's is biased by the zero-variance filter.
+    rewards, reward_source = [], ""
+    for reward_source in ("reward/fleet_graded_mean", "reward/fleet_mean", "reward/mean"):
+        _, rewards = _series(records, reward_source)
+        if rewards:
+            break
     _, entropy = _series(records, "entropy/token_mean")
     summary: dict[str, Any] = {"run": str(run_dir), "steps": len(records),
                                "wall_time_s": round(records[-1]["time"] - start_time, 1), "alarms": len(alarms)}
@@ -183,6 +223,9 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
         markdown += ["Not recorded in this run: " + ", ".join(missing) + ".", ""]
     markdown += ["## Monitor alarms", ""]
     markdown += ([f"- step {event.data.get('step', '?')}: {event.message}" for event in alarms] or ["None."])
+    tenths = tenths_table(records)
+    if tenths:
+        markdown += ["## Per tenth of the run", "", *tenths, ""]
     markdown_path = out / "report.md"
     markdown_path.write_text("\n".join(markdown) + "\n")
 
@@ -195,6 +238,8 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
         body += [f"<h2>{html.escape(title)}</h2><img alt='{html.escape(title)}' src='data:image/png;base64,{encoded}'>"]
     if missing:
         body += [f"<p>Not recorded in this run: {html.escape(', '.join(missing))}.</p>"]
+    if tenths:
+        body += ["<h2>Per tenth of the run</h2>", _markdown_table_html(tenths)]
     body += ["<h2>Monitor alarms</h2><ul>"]
     body += [f"<li>step {html.escape(str(event.data.get('step', '?')))}: {html.escape(event.message)}</li>"
              for event in alarms] or ["<li>None.</li>"]

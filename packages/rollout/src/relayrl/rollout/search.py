@@ -13,8 +13,8 @@ answer is untrusted model output and is never parsed on the host.
 (:class:`ExpertEngine`) played through the real agent harness against real sandboxes: its tool
 calls get the tools' real results, and when the harness asks it to compact it writes a summary
 (the files seen, the identifiers still to search) and continues from it in a new segment, exactly
-as a policy must. Half the experts search in parallel (one turn, every identifier), half one
-identifier per turn, so RL has something to choose between.
+as a policy must. A share of the experts (``parallel_demonstrations``) search in parallel (one
+turn, every identifier), the others one identifier per turn, so RL has something to choose between.
 
 **Splits.** Training tasks come from ``seed``, held-out evaluation tasks from a different stream;
 identifiers and file names are drawn fresh for every task, so a policy cannot memorise answers.
@@ -88,8 +88,12 @@ def _line(rng: random.Random, first: str, second: str) -> str:
                        f"for {first} in {second}(): pass", f"class {first}({second}): pass"))
 
 
-def make_task(rng: random.Random, task_id: str, *, files: tuple[int, int], queries: tuple[int, int]) -> TaskSpec:
-    """One task: a repository of ``files`` (min, max) files and ``queries`` (min, max) identifiers asked."""
+def make_task(rng: random.Random, task_id: str, *, files: tuple[int, int], queries: tuple[int, int],
+              parallel_share: float = 0.5) -> TaskSpec:
+    """One task: a repository of ``files`` (min, max) files and ``queries`` (min, max) identifiers asked.
+
+    Its expert (for demonstrations) searches in parallel with probability ``parallel_share``.
+    """
     count = rng.randint(*files)
     directories = rng.sample(_DIRECTORIES, k=min(3, len(_DIRECTORIES)))
     paths: list[str] = []
@@ -115,14 +119,15 @@ def make_task(rng: random.Random, task_id: str, *, files: tuple[int, int], queri
     truth = sorted({path for where in homes.values() for path in where})
     return TaskSpec(task_id=task_id, instruction=f"find: {' '.join(asked)}", kind="code-search", answer=truth,
                     metadata={"files": {path: "\n".join(lines) + "\n" for path, lines in contents.items()},
-                              "identifiers": asked, "parallel": rng.random() < 0.5})
+                              "identifiers": asked, "parallel": rng.random() < parallel_share})
 
 
 def make_tasks(count: int, *, seed: int, prefix: str = "cs", files: tuple[int, int] = (4, 7),
-               queries: tuple[int, int] = (2, 2)) -> list[TaskSpec]:
+               queries: tuple[int, int] = (2, 2), parallel_share: float = 0.5) -> list[TaskSpec]:
     """``count`` tasks from a generator seeded with ``seed`` (the same seed gives the same tasks)."""
     rng = random.Random(seed)
-    return [make_task(rng, f"{prefix}-{index}", files=files, queries=queries) for index in range(count)]
+    return [make_task(rng, f"{prefix}-{index}", files=files, queries=queries, parallel_share=parallel_share)
+            for index in range(count)]
 
 
 def write_repository(task: TaskSpec, directory: Path) -> Path:
@@ -241,6 +246,8 @@ class CodeSearchConfig(Section, kw_only=True):
     """The tools the agent gets (relayrl-sandbox's ToolBox; read-only ones)."""
     demonstrations: int = 400
     """Expert trajectories the supervised warm-up trains on (played through real sandboxes)."""
+    parallel_demonstrations: float = 0.5
+    """Share of the experts that search every identifier at once (the others, one per turn)."""
     grade_window_s: float = 0.02
     """Answers arriving within this window are graded by one sandbox command."""
 
@@ -249,6 +256,8 @@ class CodeSearchConfig(Section, kw_only=True):
             bounds = getattr(self, key)
             if len(bounds) != 2 or not 1 <= bounds[0] <= bounds[1]:
                 raise ConfigError(f"{path}.{key}: must be [min, max] with 1 <= min <= max, got {bounds}")
+        if not 0.0 <= self.parallel_demonstrations <= 1.0:
+            raise ConfigError(f"{path}.parallel_demonstrations: must be between 0 and 1")
         if self.files[0] < self.identifiers[1]:
             raise ConfigError(f"{path}.files: a repository needs at least as many files as identifiers asked")
         from relayrl.sandbox.tools import TOOL_SCHEMAS
@@ -279,7 +288,8 @@ class CodeSearchEnvironment:
 
     def _generate(self, count: int, seed: int, prefix: str) -> list[TaskSpec]:
         return make_tasks(count, seed=seed, prefix=prefix, files=tuple(self.config.files),  # type: ignore[arg-type]
-                          queries=tuple(self.config.identifiers))  # type: ignore[arg-type]
+                          queries=tuple(self.config.identifiers),  # type: ignore[arg-type]
+                          parallel_share=self.config.parallel_demonstrations)
 
     def tasks(self) -> list[TaskSpec]:
         return self._generate(self.config.tasks, self.config.seed, "cs")

@@ -17,6 +17,7 @@ are committed, in-flight ones discarded.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import sys
 import time
@@ -41,6 +42,12 @@ __all__ = ["main", "run_rollout"]
 
 async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str], *, pm: Any = None) -> None:
     section = config.rollout
+    # Sandbox work (creation, every tool call, grading) runs in threads that mostly wait on child
+    # processes. asyncio's default pool has cpu_count + 4 of them: on a laptop, six tool calls at
+    # once for a fleet of dozens of agents, and the engines sit idle. One per trajectory in flight.
+    in_flight = section.group_size * section.max_concurrent_groups
+    asyncio.get_running_loop().set_default_executor(
+        concurrent.futures.ThreadPoolExecutor(max_workers=max(32, 2 * in_flight), thread_name_prefix="relayrl-rollout"))
     environment = build_environment(section, sandbox=layout.sandbox_section(config), pm=pm)
     tokenizer = load_tokenizer(layout.model_path(config))
     chat = make_chat_format(config.model, tokenizer)

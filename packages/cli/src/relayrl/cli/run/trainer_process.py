@@ -72,6 +72,7 @@ class TrainerProcess:
         self.step = 0
         self._fleet_totals: Counter[str] = Counter()
         self._fleet_reward: float | None = None
+        self._fleet_behaviour: dict[str, float] = {}
         self._drained: Counter[str] = Counter()
         self._drained_refs: list[tuple[str, str]] = []
         self._batch: Any = None  # the leader's batch behind the current "train" decision
@@ -334,8 +335,9 @@ class TrainerProcess:
             metrics["reward/fleet_mean"] = self._fleet_reward
         for name, (numerator, denominator) in FLEET_BEHAVIOUR.items():
             interval = totals[denominator] - previous[denominator]
-            if interval > 0:
-                metrics[name] = (totals[numerator] - previous[numerator]) / interval
+            if interval > 0:  # else (nothing graded since the last step) the last value stands, as for the reward
+                self._fleet_behaviour[name] = (totals[numerator] - previous[numerator]) / interval
+        metrics.update(self._fleet_behaviour)
         return metrics
 
     def _close(self) -> None:
