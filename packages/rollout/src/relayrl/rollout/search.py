@@ -1,4 +1,4 @@
-"""Code search: a multi-turn, tool-using task that a model of a million parameters learns on a CPU.
+"""Code search: a multi-turn, tool-using task sized for a model of a million parameters on a CPU.
 
 Each task is a generated repository (a few small Python files in a few directories) and a question
 naming identifiers: ``"find: qz4 mb7"`` asks for every file that mentions ``qz4`` or ``mb7``.
@@ -16,8 +16,9 @@ calls get the tools' real results, and when the harness asks it to compact it wr
 as a policy must. A share of the experts (``parallel_demonstrations``) search in parallel (one
 turn, every identifier), the others one identifier per turn, so RL has something to choose between.
 
-**Splits.** Training tasks come from ``seed``, held-out evaluation tasks from a different stream;
-identifiers and file names are drawn fresh for every task, so a policy cannot memorise answers.
+**Splits.** Training tasks come from ``seed``, held-out evaluation tasks from a different stream.
+Every task draws its file names, its identifiers and their places anew (from a fixed vocabulary the
+tokenizer holds as single tokens), so one task's answer says nothing about another's.
 """
 
 from __future__ import annotations
@@ -47,12 +48,11 @@ ALPHABET = string.ascii_lowercase + string.digits + " _.,:/{}[]()\"'=+-*<>!?#\n\
 """Every character of prompts, tool calls, tool results and answers (the character tokenizer's)."""
 
 MARKUP = ("<tool_call>", "</tool_call>", '{"name": "', '", "arguments": {', '"pattern": "', '"path": "', '"}}',
-            "grep", "read_file", "list", " exit=0 time=", "find: ", "summary:", "compact:", "seen ", " todo ", ".py")
+          "grep", "read_file", "list", " exit=0 time=", "find: ", "summary:", "compact:", "seen ", " todo ", ".py")
 """Markup the tokenizer keeps whole: tool-call JSON, tool names, the result header, the file suffix."""
 
 _DIRECTORIES = ("src", "lib", "app", "core", "util", "api", "web", "db", "cli", "io")
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
-_KEYWORDS = ("def", "return", "import", "class", "if", "for", "in", "not", "and", "or")
 _PATTERN = re.compile(r'"pattern": "([a-z0-9]+)"')
 _RESULT_LINE = re.compile(r"^\./([\w./-]+):\d+:", re.MULTILINE)
 
