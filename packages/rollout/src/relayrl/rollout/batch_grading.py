@@ -36,7 +36,8 @@ class BatchedSandboxGrader:
         self.sandbox_calls = 0
         self.graded_answers = 0
 
-    def _open_backend(self) -> Any:
+    def backend(self) -> Any:
+        """The sandbox backend of the run's ``[sandbox]`` section, opened on first use."""
         if self._backend is None:
             from relayrl.sandbox import SandboxSection, open_backend
 
@@ -45,7 +46,7 @@ class BatchedSandboxGrader:
 
     def grade_sync(self, items: list[dict[str, Any]]) -> list[float]:
         """Grade ``items`` with one command in a fresh sandbox (blocking)."""
-        with self._open_backend().create() as sandbox:
+        with self.backend().create() as sandbox:
             result = sandbox.exec(["python3", "-I", "-c", self.script], stdin=json.dumps(items), timeout=self.timeout_s)
         self.sandbox_calls += 1
         self.graded_answers += len(items)

@@ -281,8 +281,6 @@ class CodeSearchEnvironment:
 
         self.config = config or CodeSearchConfig()
         self._sandbox_section = sandbox
-        self._pm = pm
-        self._backend: Any = None
         self.grader = BatchedSandboxGrader(GRADE_SCRIPT, name="code-search", sandbox=sandbox, pm=pm,
                                            window_s=self.config.grade_window_s)
 
@@ -302,19 +300,12 @@ class CodeSearchEnvironment:
         return self._generate(self.config.demonstrations, self.config.seed + 2_000_003, "cs-demo")
 
     # ------------------------------------------------------------------ tools
-    def _open_backend(self) -> Any:
-        if self._backend is None:
-            from relayrl.sandbox import SandboxSection, open_backend
-
-            self._backend = open_backend(section=self._sandbox_section or SandboxSection(), pm=self._pm)
-        return self._backend
-
     @contextlib.asynccontextmanager
     async def tools(self, task: TaskSpec) -> AsyncIterator[Any]:
         """The agent's tools in a sandbox of its own holding the task's repository."""
         from relayrl.sandbox import SandboxSection, ToolBox
 
-        backend = await asyncio.to_thread(self._open_backend)
+        backend = await asyncio.to_thread(self.grader.backend)  # one backend for tools and grading
         with tempfile.TemporaryDirectory(prefix="relayrl-search-") as temp:
             repository = write_repository(task, Path(temp) / "repo")
             sandbox = await asyncio.to_thread(backend.create, repository)
@@ -339,7 +330,6 @@ class CodeSearchEnvironment:
 
     def close(self) -> None:
         self.grader.close()
-        self._backend = None
 
     # ------------------------------------------------------------------ demonstrations
     async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
