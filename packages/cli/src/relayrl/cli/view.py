@@ -35,12 +35,7 @@ def _span_record(span: Any, tokenizer: Any, trained_version: int | None) -> dict
     ids = [int(token) for token in span.token_ids()]
     logprobs = [float(value) for value in span.token_logprobs()]
     versions = span.token_versions()
-    kept = []
-    for index in range(len(ids)):
-        try:
-            kept.append(len(span.kept_set(index)))
-        except (IndexError, ValueError):
-            kept.append(0)
+    kept = [len(span.kept_set(index)) for index in range(len(ids))] if span.has_kept_sets else [0] * len(ids)
     low, high = (min(versions), max(versions)) if versions else (0, 0)
     return {"tokens": _token_texts(tokenizer, ids), "p": [round(math.exp(value), 4) for value in logprobs],
             "kept": kept, "versions": [low, high],
