@@ -17,6 +17,24 @@ class WarmupSection(Section, kw_only=True):
     lr: float = 3e-3
     ramp: float = 0.1
     """Fraction of the steps over which the learning rate ramps up linearly from 0."""
+    decay: str = "none"
+    """After the ramp: ``"none"`` (constant) or ``"cosine"`` (down to a tenth of ``lr`` at the last step)."""
+    muon: bool = False
+    """Muon for the hidden matrices (AdamW for embeddings, norms and the head), as ``[algo.optimizer]``
+    splits them: on a fresh model it finds copying skills in far fewer steps than AdamW alone."""
+    muon_lr: float | None = None
+    """Muon's learning rate (default: ``lr``)."""
+    threads: int = 0
+    """torch intra-op threads during the warm-up; 0: ``[trainer] threads``. The fleet waits for the
+    warmed weights meanwhile, so the warm-up may take every core that RL shares with the engines."""
+
+    def check(self, pm: object, path: str) -> None:
+        if self.decay not in ("none", "cosine"):
+            raise ConfigError(f"{path}.decay: must be \"none\" or \"cosine\", got {self.decay!r}")
+        if not 0.0 <= self.ramp <= 1.0:
+            raise ConfigError(f"{path}.ramp: must be between 0 and 1, got {self.ramp}")
+        if self.threads < 0:
+            raise ConfigError(f"{path}.threads: must be >= 0 (0: the trainer's)")
 
 
 class TrainerSection(Section, kw_only=True):
@@ -55,6 +73,7 @@ class TrainerSection(Section, kw_only=True):
             raise ConfigError(f"{path}.micro_batch_tokens: must be > 0")
         if self.steps < 0 or self.warmup.steps < 0:
             raise ConfigError(f"{path}.steps: must be >= 0")
+        self.warmup.check(pm, f"{path}.warmup")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"{path}.checkpoint_keep: must be at least 1")
         from relayrl.core.errors import PluginError

@@ -5,13 +5,15 @@ on demonstrations (the ``[trainer.warmup]`` section; the countdown quickstart us
 that made each target) gives the policy a small but non-zero pass rate, and RL takes it from there.
 The loss covers answer tokens only (the prompt is context); a multi-turn demonstration is a
 :class:`MaskedExample` whose generated tokens are trained and whose tool results, prompts and
-summaries-as-context are not. The optimiser is a fresh AdamW with a linear ramp, discarded
-afterwards, so RL starts with its own optimiser state.
+summaries-as-context are not. The optimiser is a fresh AdamW (or Muon for the hidden matrices and
+AdamW for the rest) with a linear ramp and an optional cosine decay, discarded afterwards, so RL
+starts with its own optimiser state.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Callable, Sequence
 
@@ -50,27 +52,54 @@ def supervised_warmup(model: torch.nn.Module, examples: Sequence[Example],
     if not examples:
         raise ValueError("the warm-up needs demonstrations: the environment provided none")
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=section.lr)
-    ramp_steps = max(1, int(section.ramp * section.steps))
+    groups = _param_groups(model, section)
+    optimizers = [optimizer for optimizer, _ in groups]
     losses = []
     model.train()
     for step in range(section.steps):
-        for group in optimizer.param_groups:
-            group["lr"] = section.lr * min(1.0, (step + 1) / ramp_steps)
+        factor = _lr_factor(step, section)
+        for optimizer, base_lr in groups:
+            for group in optimizer.param_groups:
+                group["lr"] = base_lr * factor
         chosen = [examples[rng.randrange(len(examples))] for _ in range(section.batch_size)]
         input_ids, labels, attention = _pad(chosen, pad_token_id)
         logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1]
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
                                                  labels[:, 1:].reshape(-1), ignore_index=-100)
-        optimizer.zero_grad(set_to_none=True)
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        optimizer.step()
+        for optimizer in optimizers:
+            optimizer.step()
         losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
-    optimizer.zero_grad(set_to_none=True)
+    for optimizer in optimizers:
+        optimizer.zero_grad(set_to_none=True)
     model.eval()
     return losses
+
+
+def _param_groups(model: torch.nn.Module, section: WarmupSection) -> list[tuple[torch.optim.Optimizer, float]]:
+    """``(optimizer, base learning rate)`` pairs: AdamW alone, or Muon and AdamW split as in RL."""
+    if not section.muon:
+        return [(torch.optim.AdamW(model.parameters(), lr=section.lr), section.lr)]
+    from relayrl.algo.optim import OptimizerConfig, build_optimizer
+
+    muon_lr = section.muon_lr if section.muon_lr is not None else section.lr
+    combined, _ = build_optimizer(model, OptimizerConfig(muon=True, lr=section.lr, muon_lr=muon_lr))
+    return [(optimizer, muon_lr if name == "muon" else section.lr) for name, optimizer in combined.optimizers.items()]
+
+
+def _lr_factor(step: int, section: WarmupSection) -> float:
+    """The learning rate's multiplier at ``step``: a linear ramp, then constant or a cosine to 0.1."""
+    ramp_steps = max(1, int(section.ramp * section.steps))
+    if step < ramp_steps:
+        return (step + 1) / ramp_steps
+    if section.decay != "cosine":
+        return 1.0
+    progress = (step - ramp_steps) / max(1, section.steps - ramp_steps)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def _masked(example: Example) -> MaskedExample:
