@@ -106,7 +106,10 @@ def _options(pm: Any, hook: str, name: str, options: dict[str, Any], path: str) 
         if options:
             raise ConfigError(f"{path}: {name!r} takes no options")
         return None
-    return convert(dict(options), config_type, path=path)
+    config = convert(dict(options), config_type, path=path)
+    if isinstance(config, Section):  # its own rules (ranges, names), as core checks a run's sections
+        config.check(pm, path)
+    return config
 
 
 def build_environment(rollout: RolloutSection, *, sandbox: Any = None, pm: Any = None) -> Any:
