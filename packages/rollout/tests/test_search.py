@@ -14,6 +14,7 @@ from relayrl.rollout.agent import AgentConfig, CodingAgent, iter_segments
 from relayrl.rollout.chat import CharTokenizer, RawChatFormat
 from relayrl.rollout.search import (
     ALPHABET,
+    NO_ANSWER,
     SPECIALS,
     CodeSearchConfig,
     CodeSearchEnvironment,
@@ -114,6 +115,32 @@ def test_the_expert_solves_every_task_through_real_sandboxes(context_limit):
             assert len(tokens) == len(trained) and any(trained) and not all(trained)
 
 
+def test_careless_players_stop_early_or_answer_without_searching():
+    """A mixture with careless styles: early-stop searches once and answers what it saw, no-search
+    answers at once and names no file; the experts' share still solves every task."""
+    styles = {"parallel": 1.0, "early-stop": 1.0, "no-search": 1.0}
+    environment = CodeSearchEnvironment(CodeSearchConfig(demonstrations=30, demonstration_styles=styles))
+    tasks = environment.demonstration_tasks()
+    assert {task.metadata["style"] for task in tasks} == set(styles)
+    trajectories = asyncio.run(environment.demonstrate(harness=_harness(), chat=CHAT, tokenizer=TOKENIZER))
+
+    async def grade():
+        return [(await environment.grade(task, [trajectory], [""]))[0] for task, trajectory in zip(tasks, trajectories)]
+
+    for task, trajectory in zip(tasks, asyncio.run(grade())):
+        calls = sum(len(turn.tool_calls) for segment in trajectory.segments for turn in segment.turns)
+        style = task.metadata["style"]
+        answer = final_answer(trajectory)
+        if style == "no-search":
+            assert calls == 0 and answer == NO_ANSWER and trajectory.reward == 0.0
+        elif style == "early-stop":
+            first = task.metadata["identifiers"][0]
+            assert calls == 1 and set(answer.split()) == _mentions(task, first)
+            assert trajectory.reward == pytest.approx(score_answer(answer, list(task.answer)))
+        else:
+            assert trajectory.reward == 1.0
+
+
 def test_expert_summary_keeps_what_is_found_and_what_is_left():
     task = make_tasks(1, seed=0)[0]
     first, second = task.metadata["identifiers"]
@@ -128,7 +155,9 @@ def test_expert_summary_keeps_what_is_found_and_what_is_left():
 
 @pytest.mark.parametrize(("options", "key"), [
     ({"files": [3]}, "files"), ({"identifiers": [3, 2]}, "identifiers"), ({"files": [1, 1]}, "files"),
-    ({"tools": ["rm"]}, "tools"), ({"tools": []}, "tools"),
+    ({"tools": ["rm"]}, "tools"), ({"tools": []}, "tools"), ({"demonstration_styles": {"lazy": 1.0}}, "demonstration_styles"),
+    ({"demonstration_styles": {"parallel": 0.0}}, "demonstration_styles"),
+    ({"demonstration_styles": {"parallel": -1.0, "sequential": 2.0}}, "demonstration_styles"),
 ])
 def test_bad_options_name_their_key(options, key):
     with pytest.raises(ConfigError, match=rf"env\.{key}"):

@@ -9,12 +9,16 @@ sandbox. Several calls in one turn run in parallel. The agent answers with the f
 code-search evaluation of the seeds' SWE-grep), computed by a grading script in a sandbox: the
 answer is untrusted model output and is never parsed on the host.
 
-**Demonstrations.** The supervised warm-up trains on trajectories of an expert policy
-(:class:`ExpertEngine`) played through the real agent harness against real sandboxes: its tool
-calls get the tools' real results, and when the harness asks it to compact it writes a summary
-(the files seen, the identifiers still to search) and continues from it in a new segment, exactly
-as a policy must. A share of the experts (``parallel_demonstrations``) search in parallel (one
-turn, every identifier), the others one identifier per turn, so RL has something to choose between.
+**Demonstrations.** The supervised warm-up trains on trajectories of scripted players
+(:class:`ExpertEngine`) played through the real agent harness against real sandboxes: their tool
+calls get the tools' real results, and when the harness asks them to compact they write a summary
+(the files seen, the identifiers still to search) and continue from it in a new segment, exactly
+as a policy must. Each demonstration task draws one of :data:`STYLES` (``demonstration_styles``
+weights them): an expert that searches every identifier at once (``parallel``) or one per turn
+(``sequential``), or a careless player that stops after its first search (``early-stop``) or
+answers at once without looking (``no-search``, naming no file). The default mixes only the experts; a
+mixture with careless players teaches the format of every action without the strategy, and leaves
+RL to find out, from the grader's reward alone, that searching everything pays.
 
 **Splits.** Training tasks come from ``seed``, held-out evaluation tasks from a different stream.
 Every task draws its file names, its identifiers and their places anew (from a fixed vocabulary the
@@ -41,7 +45,7 @@ from relayrl.core.config import ConfigError, Section
 from relayrl.core.wire import TaskSpec, Trajectory
 from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, StreamEvent
 
-__all__ = ["ALPHABET", "SPECIALS", "CodeSearchConfig", "CodeSearchEnvironment", "ExpertEngine", "expert_reply",
+__all__ = ["ALPHABET", "SPECIALS", "STYLES", "CodeSearchConfig", "CodeSearchEnvironment", "ExpertEngine", "expert_reply",
            "make_tasks", "score_answer"]
 
 ALPHABET = string.ascii_lowercase + string.digits + " _.,:/{}[]()\"'=+-*<>!?#\n\t"
@@ -50,6 +54,13 @@ ALPHABET = string.ascii_lowercase + string.digits + " _.,:/{}[]()\"'=+-*<>!?#\n\
 MARKUP = ("<tool_call>", "</tool_call>", '{"name": "', '", "arguments": {', '"pattern": "', '"path": "', '"}}',
           "grep", "read_file", "list", " exit=0 time=", "find: ", "summary:", "compact:", "seen ", " todo ", ".py")
 """Markup the tokenizer keeps whole: tool-call JSON, tool names, the result header, the file suffix."""
+
+NO_ANSWER = "none"
+"""What a ``no-search`` player answers (it names no file: reward 0). Not a made-up path: a player
+that guesses paths teaches the warm-up to write paths it has not seen, which spoils copying them."""
+
+STYLES = ("parallel", "sequential", "early-stop", "no-search")
+"""How a demonstration plays (see the module docstring); the first two always solve the task."""
 
 _DIRECTORIES = ("src", "lib", "app", "core", "util", "api", "web", "db", "cli", "io")
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -89,10 +100,11 @@ def _line(rng: random.Random, first: str, second: str) -> str:
 
 
 def make_task(rng: random.Random, task_id: str, *, files: tuple[int, int], queries: tuple[int, int],
-              parallel_share: float = 0.5) -> TaskSpec:
+              styles: dict[str, float] | None = None) -> TaskSpec:
     """One task: a repository of ``files`` (min, max) files and ``queries`` (min, max) identifiers asked.
 
-    Its expert (for demonstrations) searches in parallel with probability ``parallel_share``.
+    Its demonstration plays one of :data:`STYLES`, drawn with the weights ``styles`` (default: the
+    two experts, equally).
     """
     count = rng.randint(*files)
     directories = rng.sample(_DIRECTORIES, k=min(3, len(_DIRECTORIES)))
@@ -117,16 +129,18 @@ def make_task(rng: random.Random, task_id: str, *, files: tuple[int, int], queri
         for path in where:
             contents[path].insert(rng.randrange(len(contents[path]) + 1), _line(rng, name, rng.choice(filler)))
     truth = sorted({path for where in homes.values() for path in where})
+    weights = styles or {"parallel": 1.0, "sequential": 1.0}
+    style = rng.choices(list(weights), weights=list(weights.values()))[0]
     return TaskSpec(task_id=task_id, instruction=f"find: {' '.join(asked)}", kind="code-search", answer=truth,
                     metadata={"files": {path: "\n".join(lines) + "\n" for path, lines in contents.items()},
-                              "identifiers": asked, "parallel": rng.random() < parallel_share})
+                              "identifiers": asked, "style": style})
 
 
 def make_tasks(count: int, *, seed: int, prefix: str = "cs", files: tuple[int, int] = (4, 7),
-               queries: tuple[int, int] = (2, 2), parallel_share: float = 0.5) -> list[TaskSpec]:
+               queries: tuple[int, int] = (2, 2), styles: dict[str, float] | None = None) -> list[TaskSpec]:
     """``count`` tasks from a generator seeded with ``seed`` (the same seed gives the same tasks)."""
     rng = random.Random(seed)
-    return [make_task(rng, f"{prefix}-{index}", files=files, queries=queries, parallel_share=parallel_share)
+    return [make_task(rng, f"{prefix}-{index}", files=files, queries=queries, styles=styles)
             for index in range(count)]
 
 
@@ -139,11 +153,15 @@ def write_repository(task: TaskSpec, directory: Path) -> Path:
     return directory
 
 
-SPECIALS = (*MARKUP, *_DIRECTORIES, *WORDS, *IDENTIFIERS)
+PATHS = tuple(f"{directory}/{word}.py" for directory in _DIRECTORIES for word in WORDS)
+"""Every path a repository can hold (320)."""
+
+SPECIALS = (*MARKUP, *PATHS, *_DIRECTORIES, *WORDS, *IDENTIFIERS)
 """Strings the character tokenizer keeps whole, as a small BPE vocabulary trained on this task's
-text would: the markup, and the directory names, file words and identifiers repositories are made
-of. A call is then eight tokens instead of seventy characters and a path four; the model still
-writes every call and answer itself, and the harness parses the text they decode to."""
+text would: the markup, the paths, and the directory names, file words and identifiers repositories
+are made of (a path is one token; its parts stay tokens for text that splits it). A call is then
+eight tokens instead of seventy characters; the model still writes every call and answer itself,
+and the harness parses the text they decode to."""
 
 
 # --------------------------------------------------------------------------------------- grading
@@ -179,9 +197,10 @@ def _call(identifier: str) -> str:
 def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summary_header: str) -> str:
     """What the expert says next in ``context`` (the current segment's text, up to its turn).
 
-    It searches every identifier not searched yet (all at once, or the first, per the task's
-    ``parallel`` style), answers with the files the results named once none is left, and when
-    asked to compact, writes ``seen FILES todo IDENTIFIERS``.
+    Per the task's ``style`` (:data:`STYLES`), it searches every identifier not searched yet (all
+    at once, or the first), answers with the files the results named once none is left (or, when
+    careless, after its first search, or at once with :data:`NO_ANSWER`), and when asked to compact,
+    writes ``seen FILES todo IDENTIFIERS``.
     """
     asked: list[str] = task.metadata["identifiers"]
     summary = context.split(summary_header, 1)[1] if summary_header and summary_header in context else ""
@@ -194,8 +213,11 @@ def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summar
     remaining = [identifier for identifier in asked if identifier not in searched]
     if context.rstrip().endswith(compaction_prompt.strip()):
         return f"seen {' '.join(seen)}" + (f" todo {' '.join(remaining)}" if remaining else "")
-    if remaining:
-        return "".join(_call(identifier) for identifier in (remaining if task.metadata["parallel"] else remaining[:1]))
+    style = task.metadata["style"]
+    if style == "no-search" and not searched:
+        return NO_ANSWER
+    if remaining and not (style == "early-stop" and searched):
+        return "".join(_call(identifier) for identifier in (remaining if style == "parallel" else remaining[:1]))
     return " ".join(seen)
 
 
@@ -245,9 +267,10 @@ class CodeSearchConfig(Section, kw_only=True):
     tools: list[str] = msgspec.field(default_factory=lambda: ["grep", "read_file", "list"])
     """The tools the agent gets (relayrl-sandbox's ToolBox; read-only ones)."""
     demonstrations: int = 400
-    """Expert trajectories the supervised warm-up trains on (played through real sandboxes)."""
-    parallel_demonstrations: float = 0.5
-    """Share of the experts that search every identifier at once (the others, one per turn)."""
+    """Trajectories the supervised warm-up trains on (played through real sandboxes)."""
+    demonstration_styles: dict[str, float] = msgspec.field(
+        default_factory=lambda: {"parallel": 0.5, "sequential": 0.5})
+    """Weights of the demonstrations' :data:`STYLES` (default: experts only, half of them parallel)."""
     grade_window_s: float = 0.02
     """Answers arriving within this window are graded by one sandbox command."""
 
@@ -256,8 +279,12 @@ class CodeSearchConfig(Section, kw_only=True):
             bounds = getattr(self, key)
             if len(bounds) != 2 or not 1 <= bounds[0] <= bounds[1]:
                 raise ConfigError(f"{path}.{key}: must be [min, max] with 1 <= min <= max, got {bounds}")
-        if not 0.0 <= self.parallel_demonstrations <= 1.0:
-            raise ConfigError(f"{path}.parallel_demonstrations: must be between 0 and 1")
+        styles = self.demonstration_styles
+        unknown_styles = sorted(set(styles) - set(STYLES))
+        if unknown_styles:
+            raise ConfigError(f"{path}.demonstration_styles: unknown {unknown_styles} (known: {list(STYLES)})")
+        if any(weight < 0 for weight in styles.values()) or sum(styles.values()) <= 0:
+            raise ConfigError(f"{path}.demonstration_styles: weights must be >= 0 with a positive sum, got {styles}")
         if self.files[0] < self.identifiers[1]:
             raise ConfigError(f"{path}.files: a repository needs at least as many files as identifiers asked")
         from relayrl.sandbox.tools import TOOL_SCHEMAS
@@ -287,7 +314,7 @@ class CodeSearchEnvironment:
     def _generate(self, count: int, seed: int, prefix: str) -> list[TaskSpec]:
         return make_tasks(count, seed=seed, prefix=prefix, files=tuple(self.config.files),  # type: ignore[arg-type]
                           queries=tuple(self.config.identifiers),  # type: ignore[arg-type]
-                          parallel_share=self.config.parallel_demonstrations)
+                          styles=self.config.demonstration_styles)
 
     def tasks(self) -> list[TaskSpec]:
         return self._generate(self.config.tasks, self.config.seed, "cs")
@@ -342,7 +369,7 @@ class CodeSearchEnvironment:
         engine = ExpertEngine(tasks, tokenizer, compaction_prompt=getattr(config, "compaction_prompt", ""),
                               summary_header=getattr(config, "summary_header", ""))
         proxy = TokenRecordingProxy(engine)
-        limit = asyncio.Semaphore(4)
+        limit = asyncio.Semaphore(16)
 
         async def one(task: TaskSpec) -> Trajectory:
             async with limit, self.tools(task) as tools:
