@@ -69,3 +69,19 @@ def test_agentic_runs_get_a_tool_use_plot_and_a_per_tenth_table(tmp_path):
     assert table[1] == "| 1-2 | 0.075 | 0.030 | 2.000 | 0.500 | 3.000 | 0.250 |"
     assert table[10].startswith("| 19-20 | 0.975 |") and len(table) == 11
     assert "<h2>Per tenth of the run</h2>" in report.html_path.read_text()
+
+
+def test_the_length_penalty_table_compares_budget_steps_with_unconstrained_ones(tmp_path):
+    with open(tmp_path / "metrics.jsonl", "w") as handle:
+        for step in range(1, 21):
+            budget = (step - 1) // 5 % 2 == 1  # steps 6-10 and 16-20
+            metrics = {"reward/fleet_graded_mean": 0.5, "length_penalty/budget_phase": float(budget),
+                       "fleet/shaping_per_trajectory": -0.1 if budget else 0.0,
+                       "fleet/tokens_per_trajectory": 30.0 if budget else 40.0}
+            handle.write(json.dumps({"step": step, "time": 1000.0 + step, "metrics": metrics}) + "\n")
+    report = write_report(tmp_path)
+    rows = [line for line in report.markdown_path.read_text().splitlines() if line.startswith("| ")]
+    start = rows.index("| phase | steps | reward (grader) | length penalty | tokens |")
+    assert rows[start + 1:start + 3] == ["| unconstrained | 10 | 0.500 | 0.000 | 40.000 |",
+                                         "| budget | 10 | 0.500 | -0.100 | 30.000 |"]
+    assert "<h2>Length penalty: budget steps" in report.html_path.read_text()

@@ -105,7 +105,7 @@ TENTH_COLUMNS = [
     ("reward/fleet_graded_mean", "reward (grader)"), ("reward/fleet_mean", "reward (shaped)"),
     ("fleet/tool_calls_per_trajectory", "tool calls"), ("fleet/parallel_turn_share", "parallel turns"),
     ("fleet/turns_per_trajectory", "turns"), ("fleet/compacted_share", "compacted"),
-    ("response/tokens_mean", "tokens"), ("entropy/token_mean", "entropy"), ("fleet/tool_s_per_call", "s per call"),
+    ("fleet/tokens_per_trajectory", "tokens"), ("entropy/token_mean", "entropy"), ("fleet/tool_s_per_call", "s per call"),
 ]
 """Columns of the per-tenth table (those a run recorded): agentic runs are judged by these."""
 
@@ -125,6 +125,39 @@ def tenths_table(records: list[dict[str, Any]]) -> list[str]:
             _, values = _series(chunk, name)
             cells.append(f"{sum(values) / len(values):.3f}" if values else "")
         rows.append(f"| {chunk[0]['step']}-{chunk[-1]['step']} | " + " | ".join(cells) + " |")
+    return rows
+
+
+PHASE_COLUMNS = [
+    ("reward/fleet_graded_mean", "reward (grader)"), ("fleet/shaping_per_trajectory", "length penalty"),
+    ("fleet/tokens_per_trajectory", "tokens"), ("fleet/turns_per_trajectory", "turns"),
+    ("fleet/tool_calls_per_trajectory", "tool calls"), ("fleet/parallel_turn_share", "parallel turns"),
+]
+"""Columns of the length-penalty table: the fleet's behaviour in budget steps against unconstrained ones."""
+
+
+def length_penalty_table(records: list[dict[str, Any]]) -> list[str]:
+    """Means of :data:`PHASE_COLUMNS` over the steps of each length-penalty phase kind (Markdown rows).
+
+    Steps are attributed by the phase the trainer recorded (``length_penalty/budget_phase``); the
+    fleet's behaviour lags a step or two behind a switch, so short phases blur the difference.
+    """
+    phases: dict[str, list[dict[str, Any]]] = {"unconstrained": [], "budget": []}
+    for record in records:
+        flag = record["metrics"].get("length_penalty/budget_phase")
+        if flag is not None:
+            phases["budget" if flag >= 0.5 else "unconstrained"].append(record)
+    if not phases["budget"] or not phases["unconstrained"]:
+        return []
+    columns = [(name, label) for name, label in PHASE_COLUMNS if _series(records, name)[1]]
+    rows = ["| phase | steps | " + " | ".join(label for _, label in columns) + " |",
+            "|---|---|" + "---|" * len(columns)]
+    for phase, chunk in phases.items():
+        cells = []
+        for name, _ in columns:
+            _, values = _series(chunk, name)
+            cells.append(f"{sum(values) / len(values):.3f}" if values else "")
+        rows.append(f"| {phase} | {len(chunk)} | " + " | ".join(cells) + " |")
     return rows
 
 
@@ -226,6 +259,9 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     tenths = tenths_table(records)
     if tenths:
         markdown += ["## Per tenth of the run", "", *tenths, ""]
+    phases = length_penalty_table(records)
+    if phases:
+        markdown += ["## Length penalty: budget steps against unconstrained ones", "", *phases, ""]
     markdown_path = out / "report.md"
     markdown_path.write_text("\n".join(markdown) + "\n")
 
@@ -240,6 +276,8 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
         body += [f"<p>Not recorded in this run: {html.escape(', '.join(missing))}.</p>"]
     if tenths:
         body += ["<h2>Per tenth of the run</h2>", _markdown_table_html(tenths)]
+    if phases:
+        body += ["<h2>Length penalty: budget steps against unconstrained ones</h2>", _markdown_table_html(phases)]
     body += ["<h2>Monitor alarms</h2><ul>"]
     body += [f"<li>step {html.escape(str(event.data.get('step', '?')))}: {html.escape(event.message)}</li>"
              for event in alarms] or ["<li>None.</li>"]

@@ -141,7 +141,8 @@ class RolloutManager:
         self.reward_count = 0
         self.generated_tokens = 0
         self.behaviour: Counter[str] = Counter()
-        """Cumulative behaviour of every graded trajectory: grader's reward, turns, tool calls, compactions."""
+        """Cumulative behaviour of every graded trajectory: grader's reward, tokens, turns, tool calls,
+        compactions, and what the shapers added to the reward (``shaping_sum``, <= 0 for a penalty)."""
         self.started = time.monotonic()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -166,8 +167,10 @@ class RolloutManager:
         group = Group(group_id=group_id, task_id=task.task_id, trajectories=list(graded), created_at=time.time())
         self._count_behaviour(group)
         step = self.trainer_step()
+        graded_sum = sum(float(trajectory.reward) for trajectory in group.trajectories)
         for shaper in self.shapers:
             group = shaper(group, step=step)
+        self.behaviour["shaping_sum"] += sum(float(trajectory.reward) for trajectory in group.trajectories) - graded_sum
         self.scheduler.observe(group)
         rewards = [float(trajectory.reward) for trajectory in group.trajectories]
         self.graded_groups += 1
@@ -189,6 +192,7 @@ class RolloutManager:
         for trajectory in group.trajectories:
             counts["graded_reward_sum"] += float(trajectory.reward)
             counts["trajectories"] += 1
+            counts["generated_tokens"] += trajectory.num_generated_tokens
             compactions = float(trajectory.metrics.get("compactions", 0.0))
             counts["compactions"] += compactions
             counts["compacted_trajectories"] += float(compactions > 0)

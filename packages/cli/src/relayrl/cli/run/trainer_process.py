@@ -36,7 +36,7 @@ from typing import Any
 import msgspec
 import torch
 
-from relayrl.algo.config import build_monitors
+from relayrl.algo.config import build_monitors, build_reward_shapers
 from relayrl.algo.determinism import enable_determinism, rng_state, seed_everything, set_rng_state
 from relayrl.buffer import Buffer
 from relayrl.cli.run.events import write_event
@@ -103,6 +103,9 @@ class TrainerProcess:
         if self.ranks.leader:  # only the leader talks to the bus and writes the run's records
             self.buffer = Buffer(self.bus, config.buffer, pm=self.pm)
             self.monitors = build_monitors(config.algo, pm=self.pm)
+            # The fleet applies the shapers; the trainer records their state per step (the length
+            # penalty's phase), so a report can tell budget steps from unconstrained ones.
+            self.shapers = build_reward_shapers(config.algo, pm=self.pm)
             self.metrics = MetricsWriter(self.layout.root)
             self.ledger = LedgerWriter(self.layout.root)
 
@@ -122,8 +125,14 @@ class TrainerProcess:
             self.layout.write_status("trainer", {"phase": "warmup", "step": step + 1, "steps": section.steps,
                                                  "loss": loss})
 
-        losses = supervised_warmup(self.model, examples, section, seed=self.config.run.seed,
-                                   pad_token_id=getattr(self.tokenizer, "pad_token_id", 0) or 0, on_step=progress)
+        threads = torch.get_num_threads()
+        if section.threads:
+            torch.set_num_threads(section.threads)
+        try:
+            losses = supervised_warmup(self.model, examples, section, seed=self.config.run.seed,
+                                       pad_token_id=getattr(self.tokenizer, "pad_token_id", 0) or 0, on_step=progress)
+        finally:
+            torch.set_num_threads(threads)
         write_event(self.layout, "trainer", "warmup", f"supervised warm-up: {section.steps} steps, loss "
                     f"{losses[0]:.3f} -> {losses[-1]:.3f} in {time.monotonic() - started:.1f} s",
                     data={"steps": section.steps, "first_loss": losses[0], "last_loss": losses[-1]})
@@ -285,6 +294,10 @@ class TrainerProcess:
             metrics[name] = metrics.get(name, 0.0) + count
         self._drained.clear()
         metrics.update(self._fleet_metrics())
+        for shaper in self.shapers:
+            shaper_metrics = getattr(shaper, "metrics", None)
+            if shaper_metrics is not None:
+                metrics.update(shaper_metrics(self.step))
         if publish:
             self.publisher.publish(weights, step=self.step, version=self.trainer.version)
         report = self.publisher.last_report
@@ -349,6 +362,8 @@ class TrainerProcess:
 
 FLEET_BEHAVIOUR = {
     "reward/fleet_graded_mean": ("graded_reward_sum", "trajectories"),
+    "fleet/tokens_per_trajectory": ("generated_tokens", "trajectories"),
+    "fleet/shaping_per_trajectory": ("shaping_sum", "trajectories"),
     "fleet/turns_per_trajectory": ("turns", "trajectories"),
     "fleet/tool_calls_per_trajectory": ("tool_calls", "trajectories"),
     "fleet/parallel_turn_share": ("parallel_turns", "turns"),
@@ -358,8 +373,8 @@ FLEET_BEHAVIOUR = {
 }
 """Per-step means over every trajectory graded since the previous step (the rollout manager's
 behaviour counters): metric -> (counter, counter it is divided by). ``reward/fleet_graded_mean`` is
-the grader's reward before any shaper (the length penalty lowers ``reward/fleet_mean`` in its
-budget phases)."""
+the grader's reward before any shaper; ``fleet/shaping_per_trajectory`` is what the shapers added
+(the length penalty's mean, negative in its budget phases)."""
 
 
 def _prefixed(metrics: dict[str, Any]) -> dict[str, float]:
