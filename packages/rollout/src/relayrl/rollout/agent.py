@@ -75,6 +75,10 @@ class AgentConfig(Section, kw_only=True):
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     compaction_prompt: str = DEFAULT_COMPACTION_PROMPT
     summary_header: str = "Summary of your work so far:"
+    show_tool_time: bool = True
+    """Whether a tool result shows the model its wall time (``time=0.05s``); the time is recorded
+    either way. Off, a trajectory's tokens depend on the tools' outputs alone, so demonstrations and
+    their warm-up are the same from run to run."""
 
 
 @dataclasses.dataclass
@@ -174,9 +178,9 @@ class CodingAgent:
             if not parsed:
                 break
             results = await self._run_tools(parsed, tools, state)
-            rendered = [token for result in results for token in chat.render("tool", format_tool_result(result))]
-            state.add(Turn(role="tool", tokens=_pack(rendered), tool_results=results,
-                           text="\n".join(format_tool_result(result) for result in results)))
+            texts = [format_tool_result(result, show_time=self.config.show_tool_time) for result in results]
+            rendered = [token for text in texts for token in chat.render("tool", text)]
+            state.add(Turn(role="tool", tokens=_pack(rendered), tool_results=results, text="\n".join(texts)))
         state.segments.append(TrajectorySegment(turns=state.turns, reason=reason, summary=summary))
         timings = Timings(started_at=started_at, finished_at=time.time(), generation_s=state.generation_s,
                           tool_s=state.tool_s)

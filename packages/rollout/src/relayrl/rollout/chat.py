@@ -23,7 +23,7 @@ calls in one message run in parallel::
 A call that is not valid JSON, lacks ``name``, or has non-object ``arguments`` becomes a
 :class:`MalformedCall` whose error message is returned to the model as that call's result, so the
 loop never crashes on the model's mistakes. Tool results are returned in call order, one ``tool``
-message each: ``[call_id] exit=N time=Ts\\n<output>``.
+message each: ``[call_id] exit=N time=Ts\\n<output>`` (without ``time=`` when the harness hides it).
 """
 
 from __future__ import annotations
@@ -81,11 +81,12 @@ def parse_tool_calls(text: str, *, id_prefix: str = "call") -> list[ToolCall | M
     return calls
 
 
-def format_tool_result(result: ToolResult) -> str:
-    """The text a tool result is shown to the model as."""
+def format_tool_result(result: ToolResult, *, show_time: bool = True) -> str:
+    """The text a tool result is shown to the model as (its wall time only with ``show_time``)."""
     if result.error:
         return f"[{result.call_id}] error: {result.error}"
-    return f"[{result.call_id}] exit={result.exit_status} time={result.wall_time_s:.2f}s\n{result.output}"
+    timing = f" time={result.wall_time_s:.2f}s" if show_time else ""
+    return f"[{result.call_id}] exit={result.exit_status}{timing}\n{result.output}"
 
 
 class ChatFormat(Protocol):

@@ -193,9 +193,14 @@ class ToolBox:
         return result.output, result.exit_status, result.truncated
 
     def grep(self, pattern: str, path: str = ".", glob: str | None = None) -> tuple[str, int, bool]:
-        """``path:line:text`` of every match of regular expression ``pattern`` (ripgrep when installed)."""
+        """``path:line:text`` of every match of regular expression ``pattern`` (ripgrep when installed).
+
+        Files come in path order: the same repository gives the same output (ripgrep's parallel
+        walk would order them by chance, and the tokens a model sees with them).
+        """
         if self.ripgrep:
-            argv = ["rg", "--line-number", "--no-heading", "--color=never", "--glob", "!.git", "-e", pattern]
+            argv = ["rg", "--line-number", "--no-heading", "--color=never", "--sort=path", "--glob", "!.git",
+                    "-e", pattern]
             argv += ["--glob", glob] if glob else []
         else:
             argv = ["grep", "-rnI", "--exclude-dir=.git", "-e", pattern]
