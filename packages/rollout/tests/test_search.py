@@ -57,6 +57,15 @@ def test_score_is_f1_of_the_named_files(answer, expected):
     assert score_answer(answer, ["src/a.py", "lib/b.py"]) == pytest.approx(expected)
 
 
+def test_flat_repositories_name_files_by_their_word_alone():
+    tasks = make_tasks(50, seed=1, directories=0)
+    assert all("/" not in path for task in tasks for path in task.metadata["files"])
+    assert len({path for task in tasks for path in task.metadata["files"]}) > 20
+    truth = tasks[0].answer
+    assert score_answer(" ".join(f"./{path}" for path in truth), truth) == 1.0
+    assert score_answer("none", truth) == 0.0
+
+
 def test_final_answer_is_the_last_message_without_tool_calls():
     span = GeneratedSpan.build([5], [-0.1], [1])
     answered = Trajectory(trajectory_id="t", task_id="x", group_id="g", sample_index=0, segments=[TrajectorySegment(
@@ -141,6 +150,24 @@ def test_careless_players_stop_early_or_answer_without_searching():
             assert trajectory.reward == 1.0
 
 
+def test_demonstrations_without_tool_times_are_the_same_tokens_every_time():
+    """With show_tool_time off (and grep's files in path order), a demonstration depends on the task
+    alone: two plays give the same tokens, so the warm-up is the same from run to run."""
+    environment = CodeSearchEnvironment(CodeSearchConfig(demonstrations=12, files=[6, 7]))
+    harness = CodingAgent(AgentConfig(system_prompt="", max_turns=6, max_tokens_per_turn=128, max_total_tokens=512,
+                                      context_limit=400, summary_max_tokens=80, compaction_prompt="compact:",
+                                      summary_header="summary:", show_tool_time=False))
+
+    def play():
+        trajectories = asyncio.run(environment.demonstrate(harness=harness, chat=CHAT, tokenizer=TOKENIZER))
+        return [tokens for trajectory in trajectories for tokens, _ in iter_segments(trajectory)]
+
+    first = play()
+    assert first == play()
+    assert not any("time=" in TOKENIZER.decode(tokens) for tokens in first)
+    assert sum(TOKENIZER.decode(tokens).count(".py:") >= 2 for tokens in first) > 0  # results with several files
+
+
 def test_expert_summary_keeps_what_is_found_and_what_is_left():
     task = make_tasks(1, seed=0)[0]
     first, second = task.metadata["identifiers"]
@@ -156,7 +183,8 @@ def test_expert_summary_keeps_what_is_found_and_what_is_left():
 @pytest.mark.parametrize(("options", "key"), [
     ({"files": [3]}, "files"), ({"identifiers": [3, 2]}, "identifiers"), ({"files": [1, 1]}, "files"),
     ({"tools": ["rm"]}, "tools"), ({"tools": []}, "tools"), ({"demonstration_styles": {"lazy": 1.0}}, "demonstration_styles"),
-    ({"demonstration_styles": {"parallel": 0.0}}, "demonstration_styles"),
+    ({"demonstration_styles": {"parallel": 0.0}}, "demonstration_styles"), ({"directories": 11}, "directories"),
+    ({"directories": 0, "files": [4, 40]}, "files"),
     ({"demonstration_styles": {"parallel": -1.0, "sequential": 2.0}}, "demonstration_styles"),
 ])
 def test_bad_options_name_their_key(options, key):

@@ -1,6 +1,6 @@
 """Code search: a multi-turn, tool-using task sized for a model of a million parameters on a CPU.
 
-Each task is a generated repository (a few small Python files in a few directories) and a question
+Each task is a generated repository (a few small Python files, in a few directories or flat) and a question
 naming identifiers: ``"find: qz4 mb7"`` asks for every file that mentions ``qz4`` or ``mb7``.
 Nothing in the prompt says where they are, and the file names are random: the only way to the
 answer is through the tools (``grep``, ``read_file``, ``list``), which run in the agent's own
@@ -52,7 +52,7 @@ ALPHABET = string.ascii_lowercase + string.digits + " _.,:/{}[]()\"'=+-*<>!?#\n\
 """Every character of prompts, tool calls, tool results and answers (the character tokenizer's)."""
 
 MARKUP = ("<tool_call>", "</tool_call>", '{"name": "', '", "arguments": {', '"pattern": "', '"path": "', '"}}',
-          "grep", "read_file", "list", " exit=0 time=", "find: ", "summary:", "compact:", "seen ", " todo ", ".py")
+          "grep", "read_file", "list", " exit=0 time=", " exit=0", "find: ", "summary:", "compact:", "seen ", " todo ", ".py")
 """Markup the tokenizer keeps whole: tool-call JSON, tool names, the result header, the file suffix."""
 
 NO_ANSWER = "none"
@@ -100,17 +100,18 @@ def _line(rng: random.Random, first: str, second: str) -> str:
 
 
 def make_task(rng: random.Random, task_id: str, *, files: tuple[int, int], queries: tuple[int, int],
-              styles: dict[str, float] | None = None) -> TaskSpec:
-    """One task: a repository of ``files`` (min, max) files and ``queries`` (min, max) identifiers asked.
+              styles: dict[str, float] | None = None, directories: int = 3) -> TaskSpec:
+    """One task: a repository of ``files`` (min, max) files and ``queries`` (min, max) identifiers asked,
+    spread over ``directories`` directories (0: every file at the top level).
 
     Its demonstration plays one of :data:`STYLES`, drawn with the weights ``styles`` (default: the
     two experts, equally).
     """
     count = rng.randint(*files)
-    directories = rng.sample(_DIRECTORIES, k=min(3, len(_DIRECTORIES)))
+    chosen = rng.sample(_DIRECTORIES, k=min(directories, len(_DIRECTORIES)))
     paths: list[str] = []
     while len(paths) < count:
-        path = f"{rng.choice(directories)}/{_word(rng)}.py"
+        path = f"{rng.choice(chosen)}/{_word(rng)}.py" if chosen else f"{_word(rng)}.py"
         if path not in paths:
             paths.append(path)
     identifiers: list[str] = []
@@ -137,10 +138,11 @@ def make_task(rng: random.Random, task_id: str, *, files: tuple[int, int], queri
 
 
 def make_tasks(count: int, *, seed: int, prefix: str = "cs", files: tuple[int, int] = (4, 7),
-               queries: tuple[int, int] = (2, 2), styles: dict[str, float] | None = None) -> list[TaskSpec]:
+               queries: tuple[int, int] = (2, 2), styles: dict[str, float] | None = None,
+               directories: int = 3) -> list[TaskSpec]:
     """``count`` tasks from a generator seeded with ``seed`` (the same seed gives the same tasks)."""
     rng = random.Random(seed)
-    return [make_task(rng, f"{prefix}-{index}", files=files, queries=queries, styles=styles)
+    return [make_task(rng, f"{prefix}-{index}", files=files, queries=queries, styles=styles, directories=directories)
             for index in range(count)]
 
 
@@ -168,13 +170,13 @@ and the harness parses the text they decode to."""
 def score_answer(answer: str, truth: list[str]) -> float:
     """F1 of the files named in ``answer`` against ``truth`` (runs in the sandbox; tests call it too).
 
-    A file is a token with a ``/`` and a ``.py`` suffix (``./`` removed); naming every file of the
-    repository is not rewarded, and an answer naming none earns 0.
+    A file is a token with a ``.py`` suffix (``./`` removed); naming every file of the repository is
+    not rewarded, and an answer naming none earns 0.
     """
     import re as _re
 
     tokens = [token.rstrip(".") for token in _re.findall(r"[\w./-]+", answer)]
-    named = {token[2:] if token.startswith("./") else token for token in tokens if "/" in token and token.endswith(".py")}
+    named = {token[2:] if token.startswith("./") else token for token in tokens if token.endswith(".py")}
     hits = len(named & set(truth))
     if not named or hits == 0:
         return 0.0
@@ -262,6 +264,9 @@ class CodeSearchConfig(Section, kw_only=True):
     seed: int = 0
     files: list[int] = msgspec.field(default_factory=lambda: [4, 7])
     """Files per repository: [min, max]."""
+    directories: int = 3
+    """Directories a repository's files are spread over (0: all at the top level, so a path is one
+    file word a small model copies as easily as an identifier)."""
     identifiers: list[int] = msgspec.field(default_factory=lambda: [2, 2])
     """Identifiers asked per task: [min, max]."""
     tools: list[str] = msgspec.field(default_factory=lambda: ["grep", "read_file", "list"])
@@ -285,6 +290,11 @@ class CodeSearchConfig(Section, kw_only=True):
             raise ConfigError(f"{path}.demonstration_styles: unknown {unknown_styles} (known: {list(STYLES)})")
         if any(weight < 0 for weight in styles.values()) or sum(styles.values()) <= 0:
             raise ConfigError(f"{path}.demonstration_styles: weights must be >= 0 with a positive sum, got {styles}")
+        if not 0 <= self.directories <= len(_DIRECTORIES):
+            raise ConfigError(f"{path}.directories: must be between 0 and {len(_DIRECTORIES)}")
+        if self.files[1] > len(WORDS) * max(1, self.directories):
+            raise ConfigError(f"{path}.files: at most {len(WORDS) * max(1, self.directories)} distinct paths "
+                              f"with {self.directories} directories")
         if self.files[0] < self.identifiers[1]:
             raise ConfigError(f"{path}.files: a repository needs at least as many files as identifiers asked")
         from relayrl.sandbox.tools import TOOL_SCHEMAS
@@ -314,7 +324,7 @@ class CodeSearchEnvironment:
     def _generate(self, count: int, seed: int, prefix: str) -> list[TaskSpec]:
         return make_tasks(count, seed=seed, prefix=prefix, files=tuple(self.config.files),  # type: ignore[arg-type]
                           queries=tuple(self.config.identifiers),  # type: ignore[arg-type]
-                          styles=self.config.demonstration_styles)
+                          styles=self.config.demonstration_styles, directories=self.config.directories)
 
     def tasks(self) -> list[TaskSpec]:
         return self._generate(self.config.tasks, self.config.seed, "cs")
