@@ -134,13 +134,15 @@ def test_the_same_run_with_the_bus_on_s3(tmp_path, s3_url):
 
 @pytest.fixture(scope="module")
 def agent_run(tmp_path_factory) -> Path:
-    """examples/agent.toml, short: a warm-up long enough for well-formed calls, a context limit low
-    enough that most trajectories compact."""
+    """examples/agent.toml, short: a warm-up on the experts alone long enough for well-formed calls
+    (the example's careless players teach answering without tools), a context limit low enough
+    that most trajectories compact."""
     run_dir = tmp_path_factory.mktemp("agent") / "run"
     run = relayrl("run", str(ROOT / "examples" / "agent.toml"), "--run-dir", str(run_dir), "--steps", "3",
                   "--set", "trainer.warmup.steps=40", "--set", "rollout.environment_options.demonstrations=64",
+                  "--set", "rollout.environment_options.demonstration_styles={parallel=1.0, sequential=1.0}",
                   "--set", "rollout.skip_zero_variance=false", "--set", "buffer.admission=['staleness']",
-                  "--set", "buffer.batch_groups=2", "--set", "rollout.harness_options.context_limit=170")
+                  "--set", "buffer.batch_groups=2", "--set", "rollout.harness_options.context_limit=150")
     output, _ = run.communicate(timeout=900)
     assert run.returncode == 0, output
     return run_dir
