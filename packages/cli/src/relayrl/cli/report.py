@@ -120,12 +120,17 @@ def tenths_table(records: list[dict[str, Any]]) -> list[str]:
             "|---|" + "---|" * len(columns)]
     for tenth in range(10):
         chunk = records[round(tenth * size):round((tenth + 1) * size)]
-        cells = []
-        for name, _ in columns:
-            _, values = _series(chunk, name)
-            cells.append(f"{sum(values) / len(values):.3f}" if values else "")
-        rows.append(f"| {chunk[0]['step']}-{chunk[-1]['step']} | " + " | ".join(cells) + " |")
+        rows.append(f"| {chunk[0]['step']}-{chunk[-1]['step']} | " + " | ".join(_mean_cells(chunk, columns)) + " |")
     return rows
+
+
+def _mean_cells(chunk: list[dict[str, Any]], columns: list[tuple[str, str]]) -> list[str]:
+    """Each column's mean over ``chunk`` (3 decimals; empty where the chunk never recorded it)."""
+    cells = []
+    for name, _ in columns:
+        _, values = _series(chunk, name)
+        cells.append(f"{sum(values) / len(values):.3f}" if values else "")
+    return cells
 
 
 PHASE_COLUMNS = [
@@ -153,11 +158,7 @@ def length_penalty_table(records: list[dict[str, Any]]) -> list[str]:
     rows = ["| phase | steps | " + " | ".join(label for _, label in columns) + " |",
             "|---|---|" + "---|" * len(columns)]
     for phase, chunk in phases.items():
-        cells = []
-        for name, _ in columns:
-            _, values = _series(chunk, name)
-            cells.append(f"{sum(values) / len(values):.3f}" if values else "")
-        rows.append(f"| {phase} | {len(chunk)} | " + " | ".join(cells) + " |")
+        rows.append(f"| {phase} | {len(chunk)} | " + " | ".join(_mean_cells(chunk, columns)) + " |")
     return rows
 
 
