@@ -52,11 +52,11 @@ def test_the_learning_rate_ramps_then_decays_to_a_tenth():
 
 
 def test_muon_takes_the_hidden_matrices_and_adamw_the_rest():
-    from relayrl.trainer.warmup import _param_groups
+    from relayrl.trainer.warmup import _warmup_optimizers
 
     model = LlamaForCausalLM(LlamaConfig(vocab_size=16, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                          num_key_value_heads=1, intermediate_size=64, max_position_embeddings=32))
-    groups = _param_groups(model, WarmupSection(lr=1e-3, muon=True, muon_lr=2e-2))
+    groups = _warmup_optimizers(model, WarmupSection(lr=1e-3, muon=True, muon_lr=2e-2))
     kinds = {type(optimizer).__name__: base for optimizer, base in groups}
     assert kinds == {"Muon": 2e-2, "AdamW": 1e-3}
     covered = [p for optimizer, _ in groups for group in optimizer.param_groups for p in group["params"]]

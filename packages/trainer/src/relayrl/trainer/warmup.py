@@ -52,7 +52,7 @@ def supervised_warmup(model: torch.nn.Module, examples: Sequence[Example],
     if not examples:
         raise ValueError("the warm-up needs demonstrations: the environment provided none")
     rng = random.Random(seed)
-    groups = _param_groups(model, section)
+    groups = _warmup_optimizers(model, section)
     optimizers = [optimizer for optimizer, _ in groups]
     losses = []
     model.train()
@@ -80,7 +80,7 @@ def supervised_warmup(model: torch.nn.Module, examples: Sequence[Example],
     return losses
 
 
-def _param_groups(model: torch.nn.Module, section: WarmupSection) -> list[tuple[torch.optim.Optimizer, float]]:
+def _warmup_optimizers(model: torch.nn.Module, section: WarmupSection) -> list[tuple[torch.optim.Optimizer, float]]:
     """``(optimizer, base learning rate)`` pairs: AdamW alone, or Muon and AdamW split as in RL."""
     if not section.muon:
         return [(torch.optim.AdamW(model.parameters(), lr=section.lr), section.lr)]
