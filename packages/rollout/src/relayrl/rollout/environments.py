@@ -12,6 +12,10 @@
   a fresh pristine copy that alone holds the hidden tests, runs the grading command, and runs the
   exploit detectors; any detected attempt sets the reward to 0 and keeps the evidence.
 
+:class:`CodeEnvironment` (``code``) adds the bug-fix tasks, a character alphabet and markup for a
+fresh model's tokenizer, and demonstrations for a supervised warm-up: an expert that applies each
+task's gold patch with the tools (:mod:`relayrl.rollout.bugfix`).
+
 Needs relayrl-sandbox (``pip install 'relayrl-rollout[sandbox]'``).
 """
 
@@ -19,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import string
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -27,7 +33,18 @@ from typing import Any
 from relayrl.core.config import Section
 from relayrl.core.wire import TaskSpec, Trajectory
 
-__all__ = ["CodeEnvironment", "CodeEnvironmentConfig", "SandboxEnvironment"]
+__all__ = ["ALPHABET", "SPECIALS", "CodeEnvironment", "CodeEnvironmentConfig", "SandboxEnvironment"]
+
+ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n\t"
+"""Every character of source code, tool calls and results a fresh model's character tokenizer covers."""
+
+SPECIALS = ("<tool_call>", "</tool_call>", '{"name": "', '", "arguments": {', '"path": "', '", "old": "',
+            '", "new": "', '", "content": "', '"command": "', '"pattern": "', '"code": "', '"}}', "read_file",
+            "write_file", "edit", "bash", "grep", "list", "python", " exit=0", " error: ", "replaced 1 occurrence(s) in ",
+            "\\n", "    ", "def ", "return ", "self.")
+"""Markup and frequent code the character tokenizer keeps whole (a small BPE vocabulary would): the
+tool-call JSON, the tool names, an escaped newline and an indent. The model still writes every
+character of a call's arguments."""
 
 
 class SandboxEnvironment:
@@ -66,12 +83,18 @@ class CodeEnvironmentConfig(Section, kw_only=True):
 
     tasks: str = ""
     """A task source for ``relayrl.sandbox.load_tasks`` (directory or JSONL); empty: the shipped bug-fix tasks."""
+    demonstration_tasks: str = ""
+    """Where the warm-up's expert gets its tasks (it applies their gold patches with the tools); empty:
+    the training tasks themselves, which hands the policy their answers before RL: right for a smoke
+    test of the path, wrong for measuring learning."""
 
 
 class CodeEnvironment(SandboxEnvironment):
     """Environment ``code``: bug-fix tasks, agent tools in sandboxes, hidden tests in an isolated grader."""
 
     Config = CodeEnvironmentConfig
+    alphabet = ALPHABET
+    specials = SPECIALS
 
     def __init__(self, config: CodeEnvironmentConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
         super().__init__(section=sandbox, pm=pm)
@@ -81,6 +104,59 @@ class CodeEnvironment(SandboxEnvironment):
         from relayrl.sandbox import load_tasks, shipped_tasks
 
         return list(load_tasks(self.config.tasks)) if self.config.tasks else list(shipped_tasks())
+
+    def demonstration_tasks(self) -> list[TaskSpec]:
+        """The expert's tasks: ``demonstration_tasks``, else the training tasks."""
+        from relayrl.sandbox import load_tasks
+
+        return list(load_tasks(self.config.demonstration_tasks)) if self.config.demonstration_tasks else self.tasks()
+
+    async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
+        """The gold-patch expert (:func:`relayrl.rollout.bugfix.fix_reply`) on every demonstration task
+        with a patch it can apply, through ``harness`` and the real tools; the others are skipped
+        and named in one line on stderr."""
+        from relayrl.rollout.bugfix import fix_reply
+        from relayrl.rollout.demonstrations import play_scripted
+
+        tasks = self.demonstration_tasks()
+        edits, skipped = await asyncio.to_thread(self._expert_edits, tasks)
+        if skipped:
+            print(f"code environment: no demonstration for {len(skipped)} task(s): {'; '.join(skipped)}",
+                  file=sys.stderr)
+        if not edits:
+            raise ValueError("code environment: no demonstration task has a gold patch the expert can apply "
+                             "(rollout.environment_options.demonstration_tasks)")
+        config = getattr(harness, "config", None)
+        compaction_prompt = getattr(config, "compaction_prompt", "")
+        summary_header = getattr(config, "summary_header", "")
+
+        def reply(task_id: str, context: str) -> str:
+            return fix_reply(edits[task_id], context, compaction_prompt=compaction_prompt,
+                             summary_header=summary_header)
+
+        tasks = [task for task in tasks if task.task_id in edits]
+        return await play_scripted(tasks, reply, tools=self.tools, harness=harness, chat=chat, tokenizer=tokenizer)
+
+    def _expert_edits(self, tasks: list[TaskSpec]) -> tuple[dict[str, list[Any]], list[str]]:
+        """Each task's expert edits, read from its prepared workspace; and why the others have none."""
+        from relayrl.rollout.bugfix import UnsupportedPatch, patch_edits
+        from relayrl.sandbox import prepare_workspace
+
+        edits: dict[str, list[Any]] = {}
+        skipped: list[str] = []
+        for task in tasks:
+            if not task.gold_patch:
+                skipped.append(f"{task.task_id} (no gold patch)")
+                continue
+            with tempfile.TemporaryDirectory(prefix="relayrl-demo-") as temp:
+                workspace = Path(temp) / "workspace"
+                prepare_workspace(task, workspace, reference_globs=self.section.reference_globs)
+                try:
+                    edits[task.task_id] = patch_edits(task.gold_patch,
+                                                      lambda path: (workspace / path).read_text())  # noqa: B023
+                except (UnsupportedPatch, OSError, UnicodeDecodeError) as exc:
+                    skipped.append(f"{task.task_id} ({exc})")
+        return edits, skipped
 
     def metrics(self) -> dict[str, float]:
         return {}

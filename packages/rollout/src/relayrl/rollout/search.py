@@ -10,15 +10,15 @@ code-search evaluation of the seeds' SWE-grep), computed by a grading script in 
 answer is untrusted model output and is never parsed on the host.
 
 **Demonstrations.** The supervised warm-up trains on trajectories of scripted players
-(:class:`ExpertEngine`) played through the real agent harness against real sandboxes: their tool
-calls get the tools' real results, and when the harness asks them to compact they write a summary
-(the files seen, the identifiers still to search) and continue from it in a new segment, exactly
-as a policy must. Each demonstration task draws one of :data:`STYLES` (``demonstration_styles``
-weights them): an expert that searches every identifier at once (``parallel``) or one per turn
-(``sequential``), or a careless player that stops after its first search (``early-stop``) or
-answers at once without looking (``no-search``, naming no file). The default mixes only the experts; a
-mixture with careless players teaches the format of every action without the strategy, and leaves
-RL to find out, from the grader's reward alone, that searching everything pays.
+(:func:`expert_reply`, played by :func:`relayrl.rollout.demonstrations.play_scripted`) through the
+real agent harness against real sandboxes: their tool calls get the tools' real results, and when
+the harness asks them to compact they write a summary (the files seen, the identifiers still to
+search) and continue from it in a new segment, exactly as a policy must. Each demonstration task
+draws one of :data:`STYLES` (``demonstration_styles`` weights them): an expert that searches every
+identifier at once (``parallel``) or one per turn (``sequential``), or a careless player that stops
+after its first search (``early-stop``) or answers at once without looking (``no-search``, naming
+no file). The default mixes only the experts; a mixture with careless players teaches the format
+of every action without the strategy, and leaves RL to find out, from the grader's reward alone, that searching everything pays.
 
 **Splits.** Training tasks come from ``seed``, held-out evaluation tasks from a different stream.
 Every task draws its file names, its identifiers and their places anew (from a fixed vocabulary the
@@ -43,10 +43,9 @@ import msgspec
 
 from relayrl.core.config import ConfigError, Section
 from relayrl.core.wire import TaskSpec, Trajectory
-from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, StreamEvent
 
-__all__ = ["ALPHABET", "SPECIALS", "STYLES", "CodeSearchConfig", "CodeSearchEnvironment", "ExpertEngine", "expert_reply",
-           "make_tasks", "score_answer"]
+__all__ = ["ALPHABET", "SPECIALS", "STYLES", "CodeSearchConfig", "CodeSearchEnvironment", "expert_reply", "make_tasks",
+           "score_answer"]
 
 ALPHABET = string.ascii_lowercase + string.digits + " _.,:/{}[]()\"'=+-*<>!?#\n\t"
 """Every character of prompts, tool calls, tool results and answers (the character tokenizer's)."""
@@ -223,36 +222,6 @@ def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summar
     return " ".join(seen)
 
 
-class ExpertEngine(InferenceEngine):
-    """An inference engine that plays :func:`expert_reply` for each trajectory's task.
-
-    The warm-up's demonstrations are trajectories of this engine through the real harness and the
-    real tools: tokens, tool results and compactions are what a policy would see. Its logprobs are
-    0 (it is deterministic); the warm-up trains on its tokens, never on its logprobs.
-    """
-
-    engine_id = "expert"
-
-    def __init__(self, tasks: Sequence[TaskSpec], tokenizer: Any, *, compaction_prompt: str, summary_header: str,
-                 version: int = 0) -> None:
-        self.tasks = {task.task_id: task for task in tasks}
-        self.tokenizer = tokenizer
-        self.compaction_prompt = compaction_prompt
-        self.summary_header = summary_header
-        self.version = version
-
-    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
-        task = self.tasks[request.request_id.split("/", 1)[0]]
-        text = expert_reply(task, self.tokenizer.decode(request.prompt), compaction_prompt=self.compaction_prompt,
-                            summary_header=self.summary_header)
-        tokens = (self.tokenizer.encode(text) + list(request.params.stop_token_ids[:1]))[: request.params.max_tokens]
-        for index, token in enumerate(tokens):
-            last = index == len(tokens) - 1
-            finish = ("stop" if token in request.params.stop_token_ids else "length") if last else None
-            yield StreamEvent(tokens=[token], logprobs=[0.0], versions=[self.version], kept=[[token, 0]],
-                              engine_id=self.engine_id, finish_reason=finish)
-
-
 # --------------------------------------------------------------------------------------- environment
 class CodeSearchConfig(Section, kw_only=True):
     """Options of the ``code-search`` environment (``[rollout.environment_options]``)."""
@@ -370,23 +339,20 @@ class CodeSearchEnvironment:
 
     # ------------------------------------------------------------------ demonstrations
     async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
-        """The expert's trajectories on :meth:`demonstration_tasks`, through ``harness`` and real tools."""
-        from relayrl.rollout.protocol import SamplingParams
-        from relayrl.rollout.routing import TokenRecordingProxy
+        """:func:`expert_reply` on :meth:`demonstration_tasks`, through ``harness`` and real tools."""
+        from relayrl.rollout.demonstrations import play_scripted
 
         tasks = self.demonstration_tasks()
+        by_id = {task.task_id: task for task in tasks}
         config = getattr(harness, "config", None)
-        engine = ExpertEngine(tasks, tokenizer, compaction_prompt=getattr(config, "compaction_prompt", ""),
-                              summary_header=getattr(config, "summary_header", ""))
-        proxy = TokenRecordingProxy(engine)
-        limit = asyncio.Semaphore(16)
+        compaction_prompt = getattr(config, "compaction_prompt", "")
+        summary_header = getattr(config, "summary_header", "")
 
-        async def one(task: TaskSpec) -> Trajectory:
-            async with limit, self.tools(task) as tools:
-                return await harness.run(task, proxy=proxy, tools=tools, chat=chat, sampling=SamplingParams(),
-                                         group_id=task.task_id, sample_index=0)
+        def reply(task_id: str, context: str) -> str:
+            return expert_reply(by_id[task_id], context, compaction_prompt=compaction_prompt,
+                                summary_header=summary_header)
 
-        return list(await asyncio.gather(*(one(task) for task in tasks)))
+        return await play_scripted(tasks, reply, tools=self.tools, harness=harness, chat=chat, tokenizer=tokenizer)
 
 
 def final_answer(trajectory: Trajectory) -> str:

@@ -1,0 +1,69 @@
+"""Demonstrations: scripted players' trajectories through the real harness and the real tools.
+
+A supervised warm-up teaches a fresh model the format of an agent (tool calls, answers, summaries
+when asked to compact) before RL teaches it what pays. Its examples must be what a policy would
+see: :class:`ScriptedEngine` is an inference engine whose replies a function writes from the
+context so far, and :func:`play_scripted` plays it through the run's own harness against an
+environment's real sandboxed tools, so every tool result, compaction and token is the real one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from relayrl.core.wire import TaskSpec, Trajectory
+from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams, StreamEvent
+
+__all__ = ["Reply", "ScriptedEngine", "play_scripted"]
+
+Reply = Callable[[str, str], str]
+"""``reply(key, context)``: the next assistant message, given the current segment's text.
+:func:`play_scripted` passes the task id as ``key``; :class:`ScriptedEngine` the group id."""
+
+
+class ScriptedEngine(InferenceEngine):
+    """An inference engine that answers every request with ``reply(group_id, decoded prompt)``.
+
+    The group id is the first component of the request id (the harness's trajectory ids start with
+    it). Its logprobs are 0 (it is deterministic); a warm-up trains on its tokens, never on its
+    logprobs.
+    """
+
+    engine_id = "scripted"
+
+    def __init__(self, tokenizer: Any, reply: Reply, *, version: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.reply = reply
+        self.version = version
+
+    async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
+        text = self.reply(request.request_id.split("/", 1)[0], self.tokenizer.decode(request.prompt))
+        tokens = (self.tokenizer.encode(text) + list(request.params.stop_token_ids[:1]))[: request.params.max_tokens]
+        for index, token in enumerate(tokens):
+            last = index == len(tokens) - 1
+            finish = ("stop" if token in request.params.stop_token_ids else "length") if last else None
+            yield StreamEvent(tokens=[token], logprobs=[0.0], versions=[self.version], kept=[[token, 0]],
+                              engine_id=self.engine_id, finish_reason=finish)
+
+
+async def play_scripted(tasks: Sequence[TaskSpec], reply: Reply, *,
+                        tools: Callable[[TaskSpec], AbstractAsyncContextManager[Any]], harness: Any, chat: Any,
+                        tokenizer: Any, concurrency: int = 16) -> list[Trajectory]:
+    """One trajectory of ``reply`` per task, through ``harness`` with the environment's ``tools(task)``
+    (at most ``concurrency`` of them hold a sandbox at once), in task order."""
+    from relayrl.rollout.routing import TokenRecordingProxy
+
+    # Group ids the engine can split off a request id whatever the task ids hold (a "/" would not do).
+    task_ids = {f"demo{index}": task.task_id for index, task in enumerate(tasks)}
+    proxy = TokenRecordingProxy(ScriptedEngine(tokenizer, lambda group, context: reply(task_ids[group], context)))
+    limit = asyncio.Semaphore(concurrency)
+
+    async def one(group_id: str, task: TaskSpec) -> Trajectory:
+        async with limit, tools(task) as toolbox:
+            return await harness.run(task, proxy=proxy, tools=toolbox, chat=chat, sampling=SamplingParams(),
+                                     group_id=group_id, sample_index=0)
+
+    return list(await asyncio.gather(*(one(group_id, task) for group_id, task in zip(task_ids, tasks))))
