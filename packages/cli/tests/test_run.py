@@ -170,6 +170,83 @@ def test_the_agentic_example_uses_tools_in_sandboxes_compacts_and_trains_every_s
     assert "trajectories.html" in (report / "report.html").read_text()  # the report links the viewer
 
 
+BUGFIX_CONFIG = """
+[run]
+name = "bugfix"
+
+[model]
+tokenizer = "char"
+chat_format = "raw"
+init = { hidden_size = 128, num_hidden_layers = 2, num_attention_heads = 4, num_key_value_heads = 2, intermediate_size = 512, max_position_embeddings = 1024 }
+
+[rollout]
+environment = "code"
+harness = "coding-agent"
+harness_options = { system_prompt = "", max_turns = 4, max_tokens_per_turn = 400, max_total_tokens = 600, context_limit = 1024, summary_max_tokens = 16, compaction_prompt = "compact:", summary_header = "summary:", show_tool_time = false }
+engines = 1
+max_batch = 64
+group_size = 4
+max_concurrent_groups = 4
+max_ahead_groups = 4
+skip_zero_variance = false
+
+[algo]
+optimizer = { lr = 5e-4, muon = true }
+
+[trainer]
+steps = 3
+threads = 1
+warmup = { steps = 60, batch_size = 12, lr = 5e-3, muon = true, muon_lr = 0.02, decay = "cosine", threads = 2 }
+
+[buffer]
+batch_groups = 2
+admission = ["staleness"]
+"""
+"""The ``code`` environment (the shipped bug-fix tasks) with a fresh model warmed up on the gold-patch
+expert's demonstrations of those same tasks: enough for well-formed calls, which is all this tests."""
+
+
+def test_the_code_environment_runs_bug_fix_tasks_with_a_real_model_tools_in_sandboxes_and_the_isolated_grader(
+        tmp_path):
+    """The path, not the score: a model served by the torch engine calls tools in sandboxes, its
+    diffs are graded by hidden tests in the isolated grader, groups are trained, weights applied."""
+    from relayrl.cli.run.ledger import verify_run
+    from relayrl.cli.view import collect_groups
+
+    config = tmp_path / "bugfix.toml"
+    config.write_text(BUGFIX_CONFIG)
+    run_dir = tmp_path / "run"
+    run = relayrl("run", str(config), "--run-dir", str(run_dir), "--no-report")
+    output, _ = run.communicate(timeout=900)
+    assert run.returncode == 0, output
+    assert "supervised warm-up: 60 steps" in output
+    assert [record["step"] for record in read_metrics(run_dir)] == [1, 2, 3]
+    trained = [entry["group"] for entry in collect_groups(run_dir) if entry["outcome"] == "trained"]
+    assert len(trained) == 6  # three steps of two groups
+    trajectories = [trajectory for group in trained for trajectory in group.trajectories]
+    calls = [(call, result) for trajectory in trajectories for segment in trajectory.segments
+             for turn in segment.turns for call, result in zip(turn.tool_calls, _results_after(segment.turns, turn))]
+    assert calls, "no tool call was made"
+    ran = [result for _, result in calls if not result.error]
+    assert ran and all(result.wall_time_s > 0 for result in ran)  # executed (and timed) in the sandbox
+    assert {call.name for call, _ in calls} & {"read_file", "edit"}
+    for trajectory in trajectories:  # every answer went through the isolated grader's hidden tests
+        grade = trajectory.metrics
+        assert "grade/tests_passed" in grade, grade
+        passed = grade["grade/applied"] and 0 < grade["grade/tests_passed"] == grade["grade/tests_expected"]
+        assert trajectory.reward == (1.0 if passed and not trajectory.cheating else 0.0), grade
+    rollout = json.loads((run_dir / "status" / "rollout.json").read_text())
+    assert min(engine["version"] for engine in rollout["engines"]) >= 2  # RL weights published and applied
+    check = verify_run(run_dir)
+    assert check.ok, check
+
+
+def _results_after(turns, turn):
+    """The tool results answering ``turn``'s calls (the next turn's), in call order."""
+    following = turns[turns.index(turn) + 1:]
+    return following[0].tool_results if following and following[0].role == "tool" else []
+
+
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
