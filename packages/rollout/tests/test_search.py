@@ -124,10 +124,11 @@ def test_the_expert_solves_every_task_through_real_sandboxes(context_limit):
             assert len(tokens) == len(trained) and any(trained) and not all(trained)
 
 
-def test_careless_players_stop_early_or_answer_without_searching():
+def test_careless_players_stop_early_or_answer_without_searching_and_wasteful_ones_list_first():
     """A mixture with careless styles: early-stop searches once and answers what it saw, no-search
-    answers at once and names no file; the experts' share still solves every task."""
-    styles = {"parallel": 1.0, "early-stop": 1.0, "no-search": 1.0}
+    answers at once and names no file; list-first lists the repository, then solves the task like
+    the parallel expert (one turn and one call more); the experts' share still solves every task."""
+    styles = {"parallel": 1.0, "list-first": 1.0, "early-stop": 1.0, "no-search": 1.0}
     environment = CodeSearchEnvironment(CodeSearchConfig(demonstrations=30, demonstration_styles=styles))
     tasks = environment.demonstration_tasks()
     assert {task.metadata["style"] for task in tasks} == set(styles)
@@ -136,6 +137,7 @@ def test_careless_players_stop_early_or_answer_without_searching():
     async def grade():
         return [(await environment.grade(task, [trajectory], [""]))[0] for task, trajectory in zip(tasks, trajectories)]
 
+    listed = 0
     for task, trajectory in zip(tasks, asyncio.run(grade())):
         calls = sum(len(turn.tool_calls) for segment in trajectory.segments for turn in segment.turns)
         style = task.metadata["style"]
@@ -148,6 +150,13 @@ def test_careless_players_stop_early_or_answer_without_searching():
             assert trajectory.reward == pytest.approx(score_answer(answer, list(task.answer)))
         else:
             assert trajectory.reward == 1.0
+            names = [[call.name for call in turn.tool_calls] for segment in trajectory.segments
+                     for turn in segment.turns if turn.role == "assistant"]
+            searches = [["grep"] * len(task.metadata["identifiers"])]
+            if not any(segment.reason == "compaction" for segment in trajectory.segments):
+                assert names == ([["list"]] if style == "list-first" else []) + searches + [[]], names
+                listed += style == "list-first"
+    assert listed  # some list-first demonstrations ran without compacting, and were checked call by call
 
 
 def test_demonstrations_without_tool_times_are_the_same_tokens_every_time():
