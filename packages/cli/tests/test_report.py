@@ -85,3 +85,19 @@ def test_the_length_penalty_table_compares_budget_steps_with_unconstrained_ones(
     assert rows[start + 1:start + 3] == ["| unconstrained | 10 | 0.500 | 0.000 | 40.000 |",
                                          "| budget | 10 | 0.500 | -0.100 | 30.000 |"]
     assert "<h2>Length penalty: budget steps" in report.html_path.read_text()
+
+
+def test_the_tool_table_gives_each_tools_share_of_trajectories_per_tenth_of_the_versions():
+    from relayrl.cli.report import tool_use_table
+
+    # Versions 1-20 in tenths of two versions; "list" is dropped after version 4.
+    trajectories = [(version, ["list", "grep"] if version <= 4 else ["grep", "grep"]) for version in range(1, 21)]
+    trajectories += [(1, []), (2, [])]  # answered without a tool
+    rows = tool_use_table(trajectories)
+    assert rows[0] == "| versions | trajectories | grep | list |"
+    assert rows[2] == "| 1-2 | 4 | 0.500 | 0.500 |"
+    assert rows[3] == "| 3-4 | 2 | 1.000 | 1.000 |"
+    assert rows[4] == "| 5-6 | 2 | 1.000 | 0.000 |"
+    assert len(rows) == 2 + 10
+    assert tool_use_table([(1, []), (2, [])]) == []  # no tool was called: no table
+    assert tool_use_table([]) == []

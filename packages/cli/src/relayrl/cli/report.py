@@ -162,6 +162,51 @@ def length_penalty_table(records: list[dict[str, Any]]) -> list[str]:
     return rows
 
 
+def tool_use_table(trajectories: list[tuple[int, list[str]]]) -> list[str]:
+    """Share of trajectories calling each tool, per tenth of the policy versions (Markdown rows).
+
+    ``trajectories`` holds ``(policy version that began it, names of the tools it called)`` per
+    trajectory. Which tools an agent keeps using, and which it drops, is what RL (or a length
+    penalty) changes in its strategy; the per-tenth table counts calls, not which.
+    """
+    names = sorted({name for _, called in trajectories for name in called})
+    if not trajectories or not names:
+        return []
+    first, last = min(version for version, _ in trajectories), max(version for version, _ in trajectories)
+    width = max(1, -(-(last - first + 1) // 10))
+    slices: dict[int, list[list[str]]] = {}
+    for version, called in trajectories:
+        slices.setdefault((version - first) // width, []).append(called)
+    rows = ["| versions | trajectories | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for index in sorted(slices):
+        chunk = slices[index]
+        shares = [f"{sum(name in called for called in chunk) / len(chunk):.3f}" for name in names]
+        low = first + index * width
+        rows.append(f"| {low}-{min(last, low + width - 1)} | {len(chunk)} | " + " | ".join(shares) + " |")
+    return rows
+
+
+def _committed_tool_use(run_dir: str | Path) -> list[tuple[int, list[str]]]:
+    """``(version, tools called)`` of every trajectory committed to the run's bus ([] if none can be read)."""
+    from relayrl.cli.view import collect_groups
+    from relayrl.core.errors import RelayrlError
+
+    try:
+        groups = collect_groups(run_dir)
+    except (OSError, ValueError, KeyError, RelayrlError):
+        return []
+    found = []
+    for entry in groups:
+        for trajectory in entry["group"].trajectories:
+            spans = [turn.generated for segment in trajectory.segments for turn in segment.turns
+                     if turn.generated is not None and turn.generated.versions]
+            if spans:
+                called = [call.name for segment in trajectory.segments for turn in segment.turns
+                          for call in turn.tool_calls]
+                found.append((spans[0].versions[0][0], called))
+    return found
+
+
 def _markdown_table_html(rows: list[str]) -> str:
     cells = [[html.escape(cell.strip()) for cell in row.strip("|").split("|")] for row in rows if not row.startswith("|---")]
     head, *body = cells
@@ -263,6 +308,9 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     phases = length_penalty_table(records)
     if phases:
         markdown += ["## Length penalty: budget steps against unconstrained ones", "", *phases, ""]
+    tools = tool_use_table(_committed_tool_use(run_dir))
+    if tools:
+        markdown += ["## Tools called (share of committed trajectories)", "", *tools, ""]
     markdown_path = out / "report.md"
     markdown_path.write_text("\n".join(markdown) + "\n")
 
@@ -279,6 +327,8 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
         body += ["<h2>Per tenth of the run</h2>", _markdown_table_html(tenths)]
     if phases:
         body += ["<h2>Length penalty: budget steps against unconstrained ones</h2>", _markdown_table_html(phases)]
+    if tools:
+        body += ["<h2>Tools called (share of committed trajectories)</h2>", _markdown_table_html(tools)]
     body += ["<h2>Monitor alarms</h2><ul>"]
     body += [f"<li>step {html.escape(str(event.data.get('step', '?')))}: {html.escape(event.message)}</li>"
              for event in alarms] or ["<li>None.</li>"]
