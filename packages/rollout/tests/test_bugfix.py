@@ -131,9 +131,12 @@ def test_the_expert_skips_tasks_it_cannot_demonstrate_and_says_which(tmp_path):
     without = TaskSpec(task_id="no-patch", instruction="x", workspace=good.workspace)
     deleting = TaskSpec(task_id="deletes", instruction="x", workspace=good.workspace,
                         gold_patch="--- a/README.md\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n")
-    edits, skipped = environment._expert_edits([good, without, deleting])
+    escaping = TaskSpec(task_id="escapes", instruction="x", workspace=good.workspace,
+                        gold_patch="--- a/../../../etc/hostname\n+++ b/../../../etc/hostname\n@@ -1 +1 @@\n-a\n+b\n")
+    edits, skipped = environment._expert_edits([good, without, deleting, escaping])
     assert list(edits) == [good.task_id]
-    assert skipped == ["no-patch (no gold patch)", "deletes (README.md: the patch deletes it)"]
+    assert skipped == ["no-patch (no gold patch)", "deletes (README.md: the patch deletes it)",
+                       "escapes (../../../etc/hostname: outside the workspace)"]
 
 
 def test_demonstration_tasks_default_to_the_training_tasks_or_come_from_their_own_source(tmp_path):

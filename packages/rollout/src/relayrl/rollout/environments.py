@@ -116,7 +116,7 @@ class CodeEnvironment(SandboxEnvironment):
         with a patch it can apply, through ``harness`` and the real tools; the others are skipped
         and named in one line on stderr."""
         from relayrl.rollout.bugfix import fix_reply
-        from relayrl.rollout.demonstrations import play_scripted
+        from relayrl.rollout.demonstrations import compaction_markers, play_scripted
 
         tasks = self.demonstration_tasks()
         edits, skipped = await asyncio.to_thread(self._expert_edits, tasks)
@@ -126,9 +126,7 @@ class CodeEnvironment(SandboxEnvironment):
         if not edits:
             raise ValueError("code environment: no demonstration task has a gold patch the expert can apply "
                              "(rollout.environment_options.demonstration_tasks)")
-        config = getattr(harness, "config", None)
-        compaction_prompt = getattr(config, "compaction_prompt", "")
-        summary_header = getattr(config, "summary_header", "")
+        compaction_prompt, summary_header = compaction_markers(harness)
 
         def reply(task_id: str, context: str) -> str:
             return fix_reply(edits[task_id], context, compaction_prompt=compaction_prompt,
@@ -152,11 +150,20 @@ class CodeEnvironment(SandboxEnvironment):
                 workspace = Path(temp) / "workspace"
                 prepare_workspace(task, workspace, reference_globs=self.section.reference_globs)
                 try:
-                    edits[task.task_id] = patch_edits(task.gold_patch,
-                                                      lambda path: (workspace / path).read_text())  # noqa: B023
+                    edits[task.task_id] = patch_edits(task.gold_patch, lambda path: _read_inside(workspace, path))  # noqa: B023
                 except (UnsupportedPatch, OSError, UnicodeDecodeError) as exc:
                     skipped.append(f"{task.task_id} ({exc})")
         return edits, skipped
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+
+def _read_inside(workspace: Path, path: str) -> str:
+    """The text of ``path`` in ``workspace``; a patch path that leads out of it is not followed."""
+    from relayrl.rollout.bugfix import UnsupportedPatch
+
+    target = (workspace / path).resolve()
+    if not target.is_relative_to(workspace.resolve()):
+        raise UnsupportedPatch(f"{path}: outside the workspace")
+    return target.read_text()

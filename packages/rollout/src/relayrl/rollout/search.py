@@ -347,13 +347,11 @@ class CodeSearchEnvironment:
     # ------------------------------------------------------------------ demonstrations
     async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
         """:func:`expert_reply` on :meth:`demonstration_tasks`, through ``harness`` and real tools."""
-        from relayrl.rollout.demonstrations import play_scripted
+        from relayrl.rollout.demonstrations import compaction_markers, play_scripted
 
         tasks = self.demonstration_tasks()
         by_id = {task.task_id: task for task in tasks}
-        config = getattr(harness, "config", None)
-        compaction_prompt = getattr(config, "compaction_prompt", "")
-        summary_header = getattr(config, "summary_header", "")
+        compaction_prompt, summary_header = compaction_markers(harness)
 
         def reply(task_id: str, context: str) -> str:
             return expert_reply(by_id[task_id], context, compaction_prompt=compaction_prompt,
