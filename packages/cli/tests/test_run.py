@@ -168,6 +168,8 @@ def test_the_agentic_example_uses_tools_in_sandboxes_compacts_and_trains_every_s
     assert check.ok, check
     report = agent_run / "report"
     assert "trajectories.html" in (report / "report.html").read_text()  # the report links the viewer
+    tools = (report / "report.md").read_text().split("## Tools called (share of committed trajectories)", 1)
+    assert len(tools) == 2 and "| versions | trajectories | grep |" in tools[1]  # which tools, from the bus
 
 
 BUGFIX_CONFIG = """
