@@ -124,12 +124,11 @@ def test_the_expert_solves_every_task_through_real_sandboxes(context_limit):
             assert len(tokens) == len(trained) and any(trained) and not all(trained)
 
 
-def test_careless_players_stop_early_or_answer_without_searching_and_wasteful_ones_list_or_talk():
+def test_careless_players_stop_early_or_answer_without_searching_and_wasteful_ones_list_first():
     """A mixture with careless styles: early-stop searches once and answers what it saw, no-search
     answers at once and names no file; list-first lists the repository, then solves the task like
-    the parallel expert (one turn and one call more), verbose solves it and says so in a sentence;
-    the experts' share still solves every task."""
-    styles = {"parallel": 1.0, "list-first": 1.0, "verbose": 1.0, "early-stop": 1.0, "no-search": 1.0}
+    the parallel expert (one turn and one call more); the experts' share still solves every task."""
+    styles = {"parallel": 1.0, "list-first": 1.0, "early-stop": 1.0, "no-search": 1.0}
     environment = CodeSearchEnvironment(CodeSearchConfig(demonstrations=30, demonstration_styles=styles))
     tasks = environment.demonstration_tasks()
     assert {task.metadata["style"] for task in tasks} == set(styles)
@@ -157,8 +156,6 @@ def test_careless_players_stop_early_or_answer_without_searching_and_wasteful_on
             if not any(segment.reason == "compaction" for segment in trajectory.segments):
                 assert names == ([["list"]] if style == "list-first" else []) + searches + [[]], names
                 listed += style == "list-first"
-            wordy = answer.startswith("they are in ") and answer.endswith(" and nowhere else")
-            assert wordy == (style == "verbose"), answer  # the same files, in more tokens
     assert listed  # some list-first demonstrations ran without compacting, and were checked call by call
 
 

@@ -17,13 +17,12 @@ search) and continue from it in a new segment, exactly as a policy must. Each de
 draws one of :data:`STYLES` (``demonstration_styles`` weights them): an expert that searches every
 identifier at once (``parallel``) or one per turn (``sequential``), a wasteful one that first lists
 the repository, which tells it nothing (file names are random), then searches like ``parallel``
-(``list-first``), a wordy one that searches like ``parallel`` and names the files in a sentence
-(``verbose``), or a careless player that stops after its first search (``early-stop``) or answers
-at once without looking (``no-search``, naming no file). The default mixes only the experts; a
-mixture with careless players teaches the format of every action without the strategy, and leaves
-RL to find out, from the grader's reward alone, that searching everything pays. The wasteful
-players succeed too, at a higher cost (``list-first``: a turn, a call, a listing in the context;
-``verbose``: answer tokens alone, which nothing but a length penalty charges for).
+(``list-first``), or a careless player that stops after its first search (``early-stop``) or
+answers at once without looking (``no-search``, naming no file). The default mixes only the
+experts; a mixture with careless players teaches the format of every action without the strategy,
+and leaves RL to find out, from the grader's reward alone, that searching everything pays. The
+wasteful player succeeds too, at a higher cost (a turn, a call, a listing in the context): a
+length penalty is what tells it apart from the parallel expert.
 
 **Splits.** Training tasks come from ``seed``, held-out evaluation tasks from a different stream.
 Every task draws its file names, its identifiers and their places anew (from a fixed vocabulary the
@@ -63,11 +62,8 @@ NO_ANSWER = "none"
 """What a ``no-search`` player answers (it names no file: reward 0). Not a made-up path: a player
 that guesses paths teaches the warm-up to write paths it has not seen, which spoils copying them."""
 
-STYLES = ("parallel", "sequential", "list-first", "verbose", "early-stop", "no-search")
-"""How a demonstration plays (see the module docstring); the first four always solve the task."""
-
-VERBOSE_ANSWER = "they are in {files} and nowhere else"
-"""How a ``verbose`` player answers: the right files, in more tokens than it takes to name them."""
+STYLES = ("parallel", "sequential", "list-first", "early-stop", "no-search")
+"""How a demonstration plays (see the module docstring); the first three always solve the task."""
 
 _DIRECTORIES = ("src", "lib", "app", "core", "util", "api", "web", "db", "cli", "io")
 _CONSONANTS, _VOWELS = "bdfgklmnprstvz", "aeiou"
@@ -208,9 +204,8 @@ def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summar
 
     Per the task's ``style`` (:data:`STYLES`), it lists the repository first (``list-first``), searches
     every identifier not searched yet (all at once, or the first), answers with the files the results
-    named once none is left (in :data:`VERBOSE_ANSWER` when ``verbose``; or, when careless, after its
-    first search, or at once with :data:`NO_ANSWER`), and when asked to compact, writes
-    ``seen FILES todo IDENTIFIERS``.
+    named once none is left (or, when careless, after its first search, or at once with
+    :data:`NO_ANSWER`), and when asked to compact, writes ``seen FILES todo IDENTIFIERS``.
     """
     asked: list[str] = task.metadata["identifiers"]
     summary = context.split(summary_header, 1)[1] if summary_header and summary_header in context else ""
@@ -229,9 +224,9 @@ def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summar
     if style == "list-first" and not searched and not summary and '"name": "list"' not in context:
         return f"<tool_call>{json.dumps({'name': 'list', 'arguments': {}})}</tool_call>"
     if remaining and not (style == "early-stop" and searched):
-        at_once = style in ("parallel", "list-first", "verbose")
+        at_once = style in ("parallel", "list-first")
         return "".join(_call(identifier) for identifier in (remaining if at_once else remaining[:1]))
-    return VERBOSE_ANSWER.format(files=" ".join(seen)) if style == "verbose" else " ".join(seen)
+    return " ".join(seen)
 
 
 # --------------------------------------------------------------------------------------- environment
