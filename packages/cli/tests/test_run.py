@@ -132,6 +132,29 @@ def test_the_same_run_with_the_bus_on_s3(tmp_path, s3_url):
     assert (run_dir / "checkpoints").exists()  # checkpoints stay node-local
 
 
+def test_ctrl_c_during_the_warm_up_stops_the_trainer_at_once_not_after_it(tmp_path):
+    """A warm-up can take minutes; the trainer must not finish it (or be killed by the launcher's
+    timeout) before it stops. It says where it stopped, and a resume would start the warm-up again."""
+    run_dir = tmp_path / "run"
+    run = relayrl("run", str(QUICKSTART), "--run-dir", str(run_dir), "--no-report",
+                  "--set", "trainer.warmup.steps=1000000")  # far longer than any test would wait
+    try:
+        status = run_dir / "status" / "trainer.json"
+        wait_for(lambda: status.exists() and json.loads(status.read_text()).get("phase") == "warmup", 300,
+                 "the warm-up", run)
+        run.send_signal(signal.SIGINT)
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, output
+    # Written by the trainer itself on its way out (a trainer the launcher had to kill writes nothing).
+    assert json.loads(status.read_text())["phase"] == "stopped"
+    stopped = [event for event in load_events(run_dir) if event.source == "trainer" and event.kind == "stopped"]
+    assert stopped and "stopped during the supervised warm-up, at step" in stopped[0].message, output
+    assert "warmup" not in [event.kind for event in load_events(run_dir)]
+
+
 @pytest.fixture(scope="module")
 def agent_run(tmp_path_factory) -> Path:
     """examples/agent.toml, short: a warm-up on the experts alone long enough for well-formed calls

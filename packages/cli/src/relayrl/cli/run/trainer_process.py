@@ -58,6 +58,12 @@ from relayrl.weight_sync import Publisher
 __all__ = ["TrainerProcess", "main"]
 
 
+class StoppedDuringWarmup(Exception):
+    """A stop was asked for during the supervised warm-up, which can take minutes: the trainer stops
+    at once instead of finishing it (nothing is published or checkpointed yet, so nothing is lost;
+    a resumed run starts the warm-up again)."""
+
+
 class TrainerProcess:
     """The trainer side of a run (see the module docstring)."""
 
@@ -122,8 +128,14 @@ class TrainerProcess:
         examples = self._demonstrations()
 
         def progress(step: int, loss: float) -> None:
+            if self.stop.is_set():
+                raise StoppedDuringWarmup(f"stopped during the supervised warm-up, at step {step + 1} of "
+                                          f"{section.steps}; a resumed run starts it again")
             self.layout.write_status("trainer", {"phase": "warmup", "step": step + 1, "steps": section.steps,
                                                  "loss": loss})
+
+        if self.stop.is_set():
+            raise StoppedDuringWarmup("stopped before the supervised warm-up; a resumed run starts it")
 
         threads = torch.get_num_threads()
         if section.threads:
@@ -225,11 +237,18 @@ class TrainerProcess:
         self.ranks.init()
         self._build()
         leader = self.ranks.leader
+        total = self.config.trainer.steps
         if leader:
             self.layout.write_status("trainer", {"phase": "starting"})
-        self._restore_or_start()
+        try:
+            self._restore_or_start()
+        except StoppedDuringWarmup as stopped:
+            write_event(self.layout, "trainer", "stopped", str(stopped))
+            self.layout.write_status("trainer", {"phase": "stopped", "step": 0, "steps": total})
+            self._close()
+            self.ranks.close()
+            return 0
         self._publish_initial()
-        total = self.config.trainer.steps
         if leader:
             self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": total})
         try:
