@@ -133,12 +133,10 @@ def load(name):
         return importlib.import_module(name)
     except BaseException:  # an optional dependency missing, a backend that cannot start here
         return None
-for name in ("torch", "transformers", "msgspec", "zstandard", "aiohttp", "boto3", "moto", "deepspeed", "vllm"):
+# transformers loads its models lazily: name the one relayrl's runs build.
+for name in ("torch", "transformers", "transformers.models.llama.modeling_llama", "msgspec", "zstandard", "aiohttp",
+             "boto3", "moto", "deepspeed", "vllm"):
     load(name)
-try:
-    from transformers import LlamaConfig, LlamaForCausalLM, AutoTokenizer  # noqa: F401 (lazy modules)
-except BaseException:
-    pass
 roots = [module for module in (load("relayrl"),) if module is not None]
 roots += [load(info.name) for info in pkgutil.iter_modules() if info.name.startswith("relayrl_")]
 for root in filter(None, roots):
