@@ -84,6 +84,8 @@ def test_the_expert_reads_then_edits_files_in_parallel_but_one_file_per_turn_the
     # Asked to compact, it counts its edits; from the summary it goes on where it was.
     assert reply("task" + first + second + "compact:") == "edits 1"
     assert reply("task\n\nsummary:\nedits 1") == third
+    # A harness that never compacts has no prompt: the expert must not take every turn for a request.
+    assert fix_reply(edits, "task", compaction_prompt="", summary_header="") == first
 
 
 def _play(environment: CodeEnvironment, tasks: list[TaskSpec]) -> tuple[list, list[str]]:

@@ -19,6 +19,8 @@ import json
 import re
 from collections.abc import Callable, Sequence
 
+from relayrl.rollout.demonstrations import asked_to_compact
+
 __all__ = ["Edit", "UnsupportedPatch", "fix_reply", "patch_edits"]
 
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
@@ -142,7 +144,7 @@ def fix_reply(edits: Sequence[Edit], context: str, *, compaction_prompt: str, su
     found = re.search(r"edits (\d+)", summary)
     done = (int(found.group(1)) if found else 0) + context.count('"name": "edit"') + \
         context.count('"name": "write_file"')
-    if context.rstrip().endswith(compaction_prompt.strip()):
+    if asked_to_compact(context, compaction_prompt):
         return f"edits {done}"
     to_read = list(dict.fromkeys(edit.path for edit in edits if edit.old))
     if to_read and not summary and '"name": "read_file"' not in context:

@@ -17,7 +17,7 @@ from typing import Any
 from relayrl.core.wire import TaskSpec, Trajectory
 from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams, StreamEvent
 
-__all__ = ["Reply", "ScriptedEngine", "compaction_markers", "play_scripted"]
+__all__ = ["Reply", "ScriptedEngine", "asked_to_compact", "compaction_markers", "play_scripted"]
 
 Reply = Callable[[str, str], str]
 """``reply(key, context)``: the next assistant message, given the current segment's text.
@@ -54,6 +54,11 @@ def compaction_markers(harness: Any) -> tuple[str, str]:
     and where a new segment's summary starts (empty strings for a harness that never compacts)."""
     config = getattr(harness, "config", None)
     return getattr(config, "compaction_prompt", ""), getattr(config, "summary_header", "")
+
+
+def asked_to_compact(context: str, compaction_prompt: str) -> bool:
+    """Whether the harness's last message in ``context`` asks for a summary (never, without a prompt)."""
+    return bool(compaction_prompt.strip()) and context.rstrip().endswith(compaction_prompt.strip())
 
 
 async def play_scripted(tasks: Sequence[TaskSpec], reply: Reply, *,

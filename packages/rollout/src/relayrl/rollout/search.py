@@ -47,6 +47,7 @@ import msgspec
 
 from relayrl.core.config import ConfigError, Section
 from relayrl.core.wire import TaskSpec, Trajectory
+from relayrl.rollout.demonstrations import asked_to_compact, compaction_markers, play_scripted
 
 __all__ = ["ALPHABET", "SPECIALS", "STYLES", "CodeSearchConfig", "CodeSearchEnvironment", "expert_reply", "make_tasks",
            "score_answer"]
@@ -216,7 +217,7 @@ def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summar
         seen = list(dict.fromkeys(remembered.removeprefix("\n").removeprefix("seen").split() + seen))
         searched |= set(asked) - set(todo.split())
     remaining = [identifier for identifier in asked if identifier not in searched]
-    if context.rstrip().endswith(compaction_prompt.strip()):
+    if asked_to_compact(context, compaction_prompt):
         return f"seen {' '.join(seen)}" + (f" todo {' '.join(remaining)}" if remaining else "")
     style = task.metadata["style"]
     if style == "no-search" and not searched:
@@ -347,8 +348,6 @@ class CodeSearchEnvironment:
     # ------------------------------------------------------------------ demonstrations
     async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
         """:func:`expert_reply` on :meth:`demonstration_tasks`, through ``harness`` and real tools."""
-        from relayrl.rollout.demonstrations import compaction_markers, play_scripted
-
         tasks = self.demonstration_tasks()
         by_id = {task.task_id: task for task in tasks}
         compaction_prompt, summary_header = compaction_markers(harness)
