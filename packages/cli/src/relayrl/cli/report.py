@@ -186,15 +186,20 @@ def tool_use_table(trajectories: list[tuple[int, list[str]]]) -> list[str]:
     return rows
 
 
-def _committed_tool_use(run_dir: str | Path) -> list[tuple[int, list[str]]]:
-    """``(version, tools called)`` of every trajectory committed to the run's bus ([] if none can be read)."""
+def _committed_groups(run_dir: str | Path) -> tuple[list[dict[str, Any]] | None, str]:
+    """Every group committed to the run's bus (``relayrl.cli.view.collect_groups``), read once for the
+    tool table and the viewer; or None and why they could not be read."""
     from relayrl.cli.view import collect_groups
     from relayrl.core.errors import RelayrlError
 
     try:
-        groups = collect_groups(run_dir)
-    except (OSError, ValueError, KeyError, RelayrlError):
-        return []
+        return collect_groups(run_dir), ""
+    except (OSError, ValueError, KeyError, RelayrlError) as exc:
+        return None, " ".join(str(exc).split())
+
+
+def _tool_use(groups: list[dict[str, Any]]) -> list[tuple[int, list[str]]]:
+    """``(version that began it, tools called)`` of every trajectory of ``groups``."""
     found = []
     for entry in groups:
         for trajectory in entry["group"].trajectories:
@@ -308,7 +313,8 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     phases = length_penalty_table(records)
     if phases:
         markdown += ["## Length penalty: budget steps against unconstrained ones", "", *phases, ""]
-    tools = tool_use_table(_committed_tool_use(run_dir))
+    groups, groups_unreadable = _committed_groups(run_dir)
+    tools = tool_use_table(_tool_use(groups or []))
     if tools:
         markdown += ["## Tools called (share of committed trajectories)", "", *tools, ""]
     markdown_path = out / "report.md"
@@ -333,7 +339,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     body += [f"<li>step {html.escape(str(event.data.get('step', '?')))}: {html.escape(event.message)}</li>"
              for event in alarms] or ["<li>None.</li>"]
     body += ["</ul>"]
-    body += [_viewer_link(run_dir, out)]
+    body += [_viewer_link(run_dir, out, groups, groups_unreadable)]
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>relayrl run report</title><style>"
             "body{font-family:sans-serif;max-width:60em;margin:2em auto}img{max-width:100%}"
             "th{text-align:left;padding-right:1em}</style></head><body>" + "\n".join(body) + "</body></html>")
@@ -342,13 +348,15 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     return Report(html_path, markdown_path, [path for _, path, _ in plots], summary)
 
 
-def _viewer_link(run_dir: str | Path, out: Path) -> str:
+def _viewer_link(run_dir: str | Path, out: Path, groups: list[dict[str, Any]] | None, unreadable: str) -> str:
     """Write the trajectory viewer beside the report and link it (or say in one line why not)."""
     from relayrl.cli.view import write_viewer
     from relayrl.core.errors import RelayrlError
 
+    if groups is None:
+        return f"<p>No trajectory viewer: {html.escape(unreadable)}</p>"
     try:
-        path = write_viewer(run_dir, out / "trajectories.html")
+        path = write_viewer(run_dir, out / "trajectories.html", groups=groups)
     except (OSError, ValueError, KeyError, RelayrlError) as exc:
         return f"<p>No trajectory viewer: {html.escape(' '.join(str(exc).split()))}</p>"
     return f"<h2>Trajectories</h2><p><a href='{path.name}'>Browse sampled trajectories</a> (also: relayrl view).</p>"

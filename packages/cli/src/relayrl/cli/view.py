@@ -104,17 +104,18 @@ def collect_groups(run_dir: str | Path) -> list[dict[str, Any]]:
 
 
 def write_viewer(run_dir: str | Path, output: str | Path | None = None, *, step: int | None = None,
-                 groups_per_step: int = 2, max_groups: int = 200) -> Path:
+                 groups_per_step: int = 2, max_groups: int = 200, groups: list[dict[str, Any]] | None = None) -> Path:
     """Write the viewer page of ``run_dir`` (default ``RUN_DIR/report/trajectories.html``); return its path.
 
     With ``step``, every group that step trained or dropped; otherwise ``groups_per_step`` groups of
     each step (and pending ones), at most ``max_groups`` in all, spread over the whole run.
+    ``groups``: what :func:`collect_groups` returned, for a caller that already read them.
     """
     from relayrl.rollout.models import load_tokenizer
 
     run_dir = Path(run_dir)
     tokenizer = load_tokenizer(run_dir / "model")
-    groups = collect_groups(run_dir)
+    groups = collect_groups(run_dir) if groups is None else groups
     if step is not None:
         chosen = [entry for entry in groups if entry["step"] == step]
     else:
