@@ -1,7 +1,9 @@
 """One cell of the backend matrix: a short ``relayrl run`` of the quickstart on the cell's backends.
 
 It checks that the whole pipeline ran on them (three trainer steps, weight versions applied by every
-engine, token versions stamped consistently, groups consumed exactly once), never how well it learned.
+engine, token versions stamped consistently, groups consumed exactly once), never how well it learned;
+then that ``relayrl eval`` of the run's newest weights (rebuilt from the cell's bus) runs on the
+cell's engine and router.
 """
 
 from __future__ import annotations
@@ -48,3 +50,10 @@ def test_a_short_run_on_the_cells_backends(cell, tmp_path, request):
         assert (run_dir / "dynamo").is_dir()
     if cell["store"] == "s3":
         assert not (run_dir / "rollouts").exists() and not (run_dir / "weights").exists()
+
+    evaluation = subprocess.run([sys.executable, "-m", "relayrl.cli", "eval", str(run_dir), "--tasks", "countdown",
+                                 "--limit", "4", "--samples", "2", "--out", str(tmp_path / "eval")],
+                                capture_output=True, text=True, timeout=600)
+    assert evaluation.returncode == 0, evaluation.stdout[-3000:] + evaluation.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["overall"]["samples"] == 8 and summary["spec"]["version"] >= 3

@@ -11,10 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from relayrl.cli import config_cmd, data_cmd, model_cmd, plugins_cmd, report_cmd, run_cmd, view_cmd
+from relayrl.cli import config_cmd, data_cmd, eval_cmd, model_cmd, plugins_cmd, report_cmd, run_cmd, view_cmd
 from relayrl.core.errors import RelayrlError
 
-COMMANDS = (run_cmd, report_cmd, view_cmd, model_cmd, plugins_cmd, config_cmd, data_cmd)
+COMMANDS = (run_cmd, eval_cmd, report_cmd, view_cmd, model_cmd, plugins_cmd, config_cmd, data_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["collect_groups", "trajectory_record", "write_viewer"]
+__all__ = ["collect_groups", "render_page", "trajectory_record", "write_viewer"]
 
 MAX_RESULT_CHARS = 4000
 """Characters of one tool result kept in the page (the viewer is for looking, not for archiving)."""
@@ -136,7 +136,7 @@ def write_viewer(run_dir: str | Path, output: str | Path | None = None, *, step:
                                       for trajectory in group.trajectories]})
     path = Path(output) if output is not None else run_dir / "report" / "trajectories.html"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(_page(run_dir.name, data))
+    path.write_text(render_page(run_dir.name, data))
     return path
 
 
@@ -152,7 +152,9 @@ def _versions_by_step(run_dir: Path) -> dict[int, int]:
     return versions
 
 
-def _page(title: str, data: list[dict[str, Any]]) -> str:
+def render_page(title: str, data: list[dict[str, Any]]) -> str:
+    """The self-contained viewer page of ``data``: one ``{ref, task, step, outcome, trajectories}`` per
+    group, each trajectory a :func:`trajectory_record` (``relayrl eval`` writes its samples with it)."""
     payload = json.dumps(data).replace("</", "<\\/")  # no "</script>" can end the data early
     return (_TEMPLATE.replace("__TITLE__", html.escape(title)).replace("__DATA__", payload))
 

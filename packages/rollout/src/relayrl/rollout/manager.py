@@ -43,6 +43,7 @@ from relayrl.core.store import Store
 from relayrl.core.wire import Group, TaskSpec, Trajectory
 from relayrl.rollout.agent import ToolExecutor
 from relayrl.rollout.chat import ChatFormat
+from relayrl.rollout.costs import trajectory_costs
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
 
@@ -190,21 +191,18 @@ class RolloutManager:
         """Add a graded group (before any shaper) to the behaviour counters of :meth:`fleet_counters`."""
         counts = self.behaviour
         for trajectory in group.trajectories:
+            costs = trajectory_costs(trajectory)
             counts["graded_reward_sum"] += float(trajectory.reward)
             counts["trajectories"] += 1
-            counts["generated_tokens"] += trajectory.num_generated_tokens
+            counts["generated_tokens"] += costs.generated_tokens
             compactions = float(trajectory.metrics.get("compactions", 0.0))
             counts["compactions"] += compactions
             counts["compacted_trajectories"] += float(compactions > 0)
-            for segment in trajectory.segments:
-                for turn in segment.turns:
-                    if turn.role == "assistant":
-                        counts["turns"] += 1
-                        counts["tool_calls"] += len(turn.tool_calls)
-                        counts["parallel_turns"] += float(len(turn.tool_calls) >= 2)
-                    for result in turn.tool_results:
-                        counts["tool_results"] += 1
-                        counts["tool_seconds"] += float(result.wall_time_s)
+            counts["turns"] += costs.turns
+            counts["tool_calls"] += costs.tool_calls
+            counts["parallel_turns"] += costs.parallel_turns
+            counts["tool_results"] += costs.tool_results
+            counts["tool_seconds"] += costs.tool_seconds
 
     def trainer_step(self) -> int:
         progress = read_progress(self.store) if self.store is not None else {}

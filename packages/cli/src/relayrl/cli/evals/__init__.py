@@ -1,0 +1,1 @@
+"""``relayrl eval``: how good a model is, on which tasks, at what cost (see :mod:`relayrl.rollout.evaluation`)."""
