@@ -102,3 +102,13 @@ def test_the_gpu_checks_deepspeed_half_runs_on_cpu():
 def test_agent_warmup_benchmark_quick_mode_samples_the_warmed_agent():
     out = run_quick("agent_warmup.py")
     assert "demonstrations" in out and "| 5 |" in out
+
+
+def test_eval_during_run_quick_mode_runs_with_and_without_eval():
+    out = run_quick("eval_during_run.py")
+    assert "without | 1 |" in out and "with | 1 |" in out and "steps/s with / without [eval]" in out
+
+
+def test_eval_quickstart_quick_mode_evaluates_before_and_after_rl():
+    out = run_quick("eval_quickstart.py")
+    assert "| after the warm-up, before RL | 1 |" in out and "| after RL |" in out

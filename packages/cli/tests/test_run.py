@@ -116,22 +116,6 @@ def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_re
     assert (report / "report.html").exists() and len(list(report.glob("*.png"))) >= 4
 
 
-def test_the_same_run_with_the_bus_on_s3(tmp_path, s3_url):
-    # Rollout segments, weight versions, progress and fleet counters go through S3 (moto on loopback).
-    run_dir = tmp_path / "run"
-    run = relayrl("run", str(QUICKSTART), "--run-dir", str(run_dir), "--steps", "3", "--no-report",
-                  "--set", f"store.url='{s3_url}'", *SHORT)
-    output, _ = run.communicate(timeout=900)
-    assert run.returncode == 0, output
-    assert [record["step"] for record in read_metrics(run_dir)] == [1, 2, 3]
-    from relayrl.core.store import open_store
-
-    bus = open_store(s3_url)
-    assert bus.list("rollouts/") and bus.exists("weights/latest") and bus.exists("progress")
-    assert not (run_dir / "rollouts").exists() and not (run_dir / "weights").exists()  # nothing on the local disk
-    assert (run_dir / "checkpoints").exists()  # checkpoints stay node-local
-
-
 def test_ctrl_c_during_the_warm_up_stops_the_trainer_at_once_not_after_it(tmp_path):
     """A warm-up can take minutes; the trainer must not finish it (or be killed by the launcher's
     timeout) before it stops. It says where it stopped, and a resume would start the warm-up again."""

@@ -58,6 +58,8 @@ def test_records_are_graded_in_the_sandbox_in_task_order_and_pass_at_k_follows()
         assert [record.reward for record in mine] == [expected] * 3
         assert all(record.passed == (expected == 1.0) and record.turns == 1 and record.generated_tokens > 0
                    for record in mine)
+        answer = task.answer if task.metadata["target"] % 2 == 0 else "1+1"
+        assert all(record.final_text == answer and record.versions == [0, 0] for record in mine)
     assert environment.sandbox_calls >= 1 and len(served) == 18
     # Every sample has its own seed, stable for (seed, task, sample).
     assert len({record.seed for record in records}) == 18
@@ -161,3 +163,70 @@ def test_a_real_engine_samples_the_same_tokens_at_any_concurrency(tmp_path):
     assert len(one_at_a_time) == 12 and all(one_at_a_time.values())
     assert tokens(4) == one_at_a_time
     assert tokens(1, seed=8) != one_at_a_time  # the eval's seed does reach the engine
+
+
+def test_held_out_prompts_never_reach_training_even_under_another_task_id():
+    from relayrl.rollout.countdown import CountdownConfig
+    from relayrl.rollout.evaluation import split_tasks
+
+    environment = CountdownEnvironment(CountdownConfig(tasks=3000, eval_tasks=100))
+    training, held_out = split_tasks(environment)
+    prompts = {task.instruction for task in held_out}
+    assert len(held_out) == 100 and not prompts & {task.instruction for task in training}
+    # Countdown's space of prompts is small: the two seeds do repeat prompts, and those left training.
+    assert 0 < 3000 - len(training) < 3000 // 2
+
+    class NoHeldOut:
+        def tasks(self):
+            return make_tasks(5, seed=0)
+
+    assert split_tasks(NoHeldOut()) == (make_tasks(5, seed=0), [])
+
+
+class ProgressStore:
+    """The bus as the evaluator reads it: the trainer's progress record (a unit-test stand-in)."""
+
+    def __init__(self):
+        self.step = 0
+
+    def get(self, key):
+        assert key == "progress"
+        return json.dumps({"step": self.step, "version": self.step + 1, "consumed": {}}).encode()
+
+
+def test_the_periodic_evaluator_follows_the_trainer_and_resumes_its_schedule(tmp_path):
+    from relayrl.rollout.config import EvalSection
+    from relayrl.rollout.periodic_eval import PeriodicEval, read_results
+
+    tasks = make_tasks(4, seed=11)
+    reply, served = solver(tasks)
+    environment = CountdownEnvironment()
+    store = ProgressStore()
+    section = EvalSection(every_steps=5, tasks=3, samples=2)
+
+    def evaluator():
+        return PeriodicEval(section, tasks, harness=SingleTurn(SingleTurn.Config(max_tokens=8)),
+                            proxy=TokenRecordingProxy(ScriptedEngine(TOKENIZER, reply)), chat=CHAT,
+                            sampling=SamplingParams(), grader=environment, tools=environment.tools, store=store,
+                            results_dir=tmp_path, poll_s=0.01)
+
+    async def follow(periodic, steps):
+        runner = asyncio.create_task(periodic.run())
+        for step in steps:
+            store.step = step
+            await asyncio.sleep(0.3)
+        runner.cancel()
+
+    first = evaluator()
+    assert first.metrics() == {}
+    asyncio.run(follow(first, [0, 2, 4, 6, 7]))  # due at 0 (before any step), then at 6 (>= 0 + 5)
+    results = read_results(tmp_path)
+    assert [result["step"] for result in results] == [0, 6] and len(set(served)) == 3  # only the first 3 tasks
+    solved = sum(task.metadata["target"] % 2 == 0 for task in tasks[:3]) / 3
+    assert results[0]["pass@1"] == pytest.approx(solved) and results[0]["samples"] == 6
+    assert results[1]["version"] == 7 and set(results[0]) >= {"pass@2", "versions", "time", "wall_s"}
+    assert first.metrics()["eval/step"] == 6.0 and first.metrics()["eval/pass@1"] == pytest.approx(solved)
+    assert (tmp_path / "step-000006.jsonl").read_text().count("\n") == 6
+    # A restarted rollout process picks the schedule up where the file left it.
+    resumed = evaluator()
+    assert resumed.metrics()["eval/step"] == 6.0 and not resumed.due(10) and resumed.due(11)

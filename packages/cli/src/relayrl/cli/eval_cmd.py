@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                                                       model.run_dir)
     model = with_weights(model, out)
     try:
-        summary = run_eval(model, options, out, pm=pm)
+        summary, _ = run_eval(model, options, out, pm=pm)
     except KeyboardInterrupt:
         print(f"interrupted; run the same command to continue ({out})")
         return 130

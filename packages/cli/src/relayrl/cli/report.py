@@ -282,6 +282,10 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     else:
         missing.append("Staleness histogram")
 
+    evaluations = _held_out_evaluations(run_dir)
+    if evaluations:
+        plots.insert(0, ("Held-out evaluation ([eval])", _eval_plot(plt, evaluations, start_time, out), "eval"))
+
     # The fleet's reward counts every graded group (the grader's, before a length penalty lowers it);
     # the batch's is biased by the zero-variance filter.
     rewards, reward_source = [], ""
@@ -297,6 +301,9 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
         summary["reward_metric"] = reward_source
     if entropy:
         summary["entropy_first_tenth"], summary["entropy_last_tenth"] = (round(v, 4) for v in _tenths(entropy))
+    if evaluations:
+        summary["eval_pass@1_first"] = f"{evaluations[0]['pass@1']:.4f} (step {evaluations[0]['step']})"
+        summary["eval_pass@1_last"] = f"{evaluations[-1]['pass@1']:.4f} (step {evaluations[-1]['step']})"
 
     markdown = ["# relayrl run report", "", "| | |", "|---|---|"]
     markdown += [f"| {key.replace('_', ' ')} | {value} |" for key, value in summary.items()]
@@ -346,6 +353,37 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     html_path = out / "report.html"
     html_path.write_text(page)
     return Report(html_path, markdown_path, [path for _, path, _ in plots], summary)
+
+
+def _held_out_evaluations(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's ``[eval]`` results (``RUN_DIR/eval/run.jsonl``), in step order."""
+    from relayrl.rollout.periodic_eval import read_results
+
+    return sorted((result for result in read_results(run_dir / "eval") if "pass@1" in result),
+                  key=lambda result: result["step"])
+
+
+def _eval_plot(plt: Any, evaluations: list[dict[str, Any]], start_time: float, out: Path) -> Path:
+    """pass@k of every held-out evaluation against the trainer step and against wall time."""
+    ks = sorted({int(name[5:]) for result in evaluations for name in result if name.startswith("pass@")})
+    figure, (by_step, by_time) = plt.subplots(1, 2, figsize=(9, 3.2), sharey=True)
+    for k in ks:
+        points = [(result["step"], (result["time"] - start_time) / 60, result[f"pass@{k}"])
+                  for result in evaluations if f"pass@{k}" in result]
+        by_step.plot([p[0] for p in points], [p[2] for p in points], marker="o", markersize=3, label=f"pass@{k}")
+        by_time.plot([p[1] for p in points], [p[2] for p in points], marker="o", markersize=3, label=f"pass@{k}")
+    by_step.set_xlabel("trainer step (at the evaluation's start)")
+    by_time.set_xlabel("minutes since the first step")
+    by_step.set_ylabel(f"held out, {evaluations[-1]['tasks']} tasks x {evaluations[-1]['samples'] // max(1, evaluations[-1]['tasks'])}")
+    for axis in (by_step, by_time):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=8)
+    figure.suptitle("Held-out evaluation ([eval])")
+    figure.tight_layout()
+    path = out / "eval.png"
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
 
 
 def _viewer_link(run_dir: str | Path, out: Path, groups: list[dict[str, Any]] | None, unreadable: str) -> str:

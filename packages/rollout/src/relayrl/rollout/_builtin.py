@@ -60,7 +60,8 @@ def relayrl_rollout_environments():
 
 @hookimpl
 def relayrl_core_config_sections():
-    from relayrl.rollout.config import ModelSection, RolloutSection
+    from relayrl.rollout.config import EvalSection, ModelSection, RolloutSection
 
     yield Registration("model", ModelSection, "the policy's weights, tokenizer and chat format")
     yield Registration("rollout", RolloutSection, "engines, router, harness and environment of the rollout fleet")
+    yield Registration("eval", EvalSection, "held-out evaluation during a run, on the rollout side")

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from relayrl.core.config import ConfigError, Section
 
-__all__ = ["ModelSection", "RolloutSection", "build_environment", "build_harness", "build_router"]
+__all__ = ["EvalSection", "ModelSection", "RolloutSection", "build_environment", "build_harness", "build_router"]
 
 
 class ModelSection(Section, kw_only=True):
@@ -93,6 +93,47 @@ class RolloutSection(Section, kw_only=True):
         _options(pm, "relayrl_rollout_environments", self.environment, self.environment_options,
                  f"{path}.environment_options")
         _options(pm, "relayrl_rollout_harnesses", self.harness, self.harness_options, f"{path}.harness_options")
+
+
+class EvalSection(Section, kw_only=True):
+    """``[eval]``: held-out evaluation during ``relayrl run``, on the rollout side.
+
+    Every ``every_steps`` trainer steps (and once before the first), the rollout process samples the
+    environment's held-out tasks through the fleet, as a stream of requests of its own next to the
+    training groups, and grades them like ``relayrl eval``. Results: ``RUN_DIR/eval/run.jsonl`` (one
+    line per evaluation), ``eval/...`` in ``metrics.jsonl``, the progress line and the report's curves.
+    """
+
+    every_steps: int = 0
+    """Trainer steps between evaluations; 0: no evaluation during the run."""
+    tasks: int = 64
+    """The first N held-out tasks (``eval_tasks()`` of the environment); 0: all of them."""
+    samples: int = 4
+    """Samples per task (pass@k needs k <= samples)."""
+    k: list[int] = []
+    """pass@k to report; empty: 1 and ``samples``."""
+    seed: int = 0
+    """Per-sample seeds (the same every evaluation: the curves compare policies, not draws)."""
+    pass_threshold: float = 1.0
+    """A sample passes with at least this reward and no detector flag."""
+    max_concurrent_groups: int = 64
+    """Held-out tasks in flight at once: the evaluation's share of the fleet. Engines batch its requests
+    with the training ones, so all at once is cheapest and spans the fewest policy versions; lower it
+    to spread an evaluation of long agentic tasks over more time."""
+
+    @property
+    def ks(self) -> list[int]:
+        return sorted(set(self.k)) if self.k else sorted({1, self.samples})
+
+    def check(self, pm: Any, path: str) -> None:
+        for key in ("every_steps", "tasks"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{path}.{key}: must be at least 0")
+        for key in ("samples", "max_concurrent_groups"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{path}.{key}: must be at least 1")
+        if any(not 1 <= k <= self.samples for k in self.k):
+            raise ConfigError(f"{path}.k: pass@k needs 1 <= k <= samples ({self.samples}), got {self.k}")
 
 
 def _options(pm: Any, hook: str, name: str, options: dict[str, Any], path: str) -> Any:

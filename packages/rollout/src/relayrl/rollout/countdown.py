@@ -103,6 +103,9 @@ class CountdownConfig(Section, kw_only=True):
 
     tasks: int = 20000
     """Size of the training pool (the prompt scheduler cycles through it)."""
+    task_file: str = ""
+    """A task set (JSONL of TaskSpecs, e.g. written by ``relayrl data filter``) to train on instead of
+    the ``tasks`` generated ones; the held-out tasks stay generated."""
     eval_tasks: int = 200
     """Held-out tasks (different seed) for evaluation."""
     seed: int = 0
@@ -124,6 +127,10 @@ class CountdownEnvironment:
                                            window_s=self.config.grade_window_s)
 
     def tasks(self) -> list[TaskSpec]:
+        if self.config.task_file:
+            from relayrl.sandbox import load_tasks
+
+            return list(load_tasks(self.config.task_file))
         return make_tasks(self.config.tasks, seed=self.config.seed)
 
     def eval_tasks(self) -> list[TaskSpec]:

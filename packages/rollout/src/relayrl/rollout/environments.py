@@ -83,6 +83,9 @@ class CodeEnvironmentConfig(Section, kw_only=True):
 
     tasks: str = ""
     """A task source for ``relayrl.sandbox.load_tasks`` (directory or JSONL); empty: the shipped bug-fix tasks."""
+    eval_tasks: str = ""
+    """A task source of held-out tasks (``relayrl eval``, ``[eval]``); empty: none. A training task
+    with the same id or instruction as one of them is never trained on."""
     demonstration_tasks: str = ""
     """Where the warm-up's expert gets its tasks (it applies their gold patches with the tools); empty:
     the training tasks themselves, which hands the policy their answers before RL: right for a smoke
@@ -105,11 +108,19 @@ class CodeEnvironment(SandboxEnvironment):
 
         return list(load_tasks(self.config.tasks)) if self.config.tasks else list(shipped_tasks())
 
-    def demonstration_tasks(self) -> list[TaskSpec]:
-        """The expert's tasks: ``demonstration_tasks``, else the training tasks."""
+    def eval_tasks(self) -> list[TaskSpec]:
         from relayrl.sandbox import load_tasks
 
-        return list(load_tasks(self.config.demonstration_tasks)) if self.config.demonstration_tasks else self.tasks()
+        return list(load_tasks(self.config.eval_tasks)) if self.config.eval_tasks else []
+
+    def demonstration_tasks(self) -> list[TaskSpec]:
+        """The expert's tasks: ``demonstration_tasks``, else the training tasks (held-out ones excluded)."""
+        from relayrl.rollout.evaluation import split_tasks
+        from relayrl.sandbox import load_tasks
+
+        if self.config.demonstration_tasks:
+            return list(load_tasks(self.config.demonstration_tasks))
+        return split_tasks(self)[0]
 
     async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
         """The gold-patch expert (:func:`relayrl.rollout.bugfix.fix_reply`) on every demonstration task

@@ -38,7 +38,7 @@ from relayrl.rollout.manager import Grader, Harness, ToolsFactory, no_tools
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
 
-__all__ = ["RecordFile", "SampleRecord", "completed_tasks", "evaluate", "sample_seed", "summarize"]
+__all__ = ["RecordFile", "SampleRecord", "completed_tasks", "evaluate", "sample_seed", "split_tasks", "summarize"]
 
 
 class SampleRecord(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,7 +60,38 @@ class SampleRecord(msgspec.Struct, frozen=True, kw_only=True):
     tool_seconds: float = 0.0
     generation_seconds: float = 0.0
     wall_seconds: float = 0.0
+    versions: list[int] = []
+    """Oldest and newest policy version of its tokens (``[]`` when it generated none)."""
+    final_text: str = ""
+    """Its last assistant message, cut to :data:`FINAL_TEXT_CHARS` characters (what it answered)."""
     trajectory_id: str = ""
+
+
+FINAL_TEXT_CHARS = 300
+
+
+def _final_text(trajectory: Trajectory) -> str:
+    for segment in reversed(trajectory.segments):
+        for turn in reversed(segment.turns):
+            if turn.role == "assistant":
+                return (turn.text or "")[:FINAL_TEXT_CHARS]
+    return ""
+
+
+def split_tasks(environment: Any) -> tuple[list[TaskSpec], list[TaskSpec]]:
+    """The environment's training and held-out tasks, with the held-out ones kept out of training.
+
+    A training task that shares its id or its instruction with a held-out task is removed from the
+    training tasks (generated tasks can repeat a prompt: countdown's small space of numbers and
+    targets holds the same prompts under both seeds). The run's prompt scheduler and its warm-up
+    draw from the first list only, so whatever is evaluated as held out never was trained on.
+    An environment without ``eval_tasks()`` has no held-out tasks.
+    """
+    held_out = list(environment.eval_tasks()) if hasattr(environment, "eval_tasks") else []
+    ids = {task.task_id for task in held_out}
+    prompts = {task.instruction for task in held_out}
+    training = [task for task in environment.tasks() if task.task_id not in ids and task.instruction not in prompts]
+    return training, held_out
 
 
 def sample_seed(seed: int, task_id: str, sample: int) -> int:
@@ -73,12 +104,15 @@ def _record(trajectory: Trajectory, *, sample: int, seed: int, pass_threshold: f
     costs = trajectory_costs(trajectory)
     flags = sorted({flag.detector for flag in trajectory.cheating})
     timings = trajectory.timings
+    versions = [version for segment in trajectory.segments for turn in segment.turns if turn.generated is not None
+                for version in turn.generated.token_versions()]
     return SampleRecord(
         task_id=trajectory.task_id, sample=sample, seed=seed, reward=float(trajectory.reward),
         passed=not flags and float(trajectory.reward) >= pass_threshold, flags=flags, status=trajectory.status,
         generated_tokens=costs.generated_tokens, turns=costs.turns, tool_calls=costs.tool_calls,
         tool_seconds=round(costs.tool_seconds, 4), generation_seconds=round(timings.generation_s, 4),
         wall_seconds=round(max(0.0, timings.finished_at - timings.started_at), 4),
+        versions=[min(versions), max(versions)] if versions else [], final_text=_final_text(trajectory),
         trajectory_id=trajectory.trajectory_id)
 
 

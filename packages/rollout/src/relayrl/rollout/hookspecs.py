@@ -56,7 +56,8 @@ def relayrl_rollout_environments() -> Iterable[Registration[Any]]:
     ``metrics() -> dict[str, float]``; optionally, for the supervised warm-up, ``demonstration(task)
     -> str`` (a single answer) or ``async demonstrate(*, harness, chat, tokenizer) -> list[Trajectory]``
     (multi-turn: an expert played through the run's harness and real tools; every generated token is
-    trained), ``eval_tasks()``, and ``alphabet`` and ``specials`` (a character tokenizer's characters
+    trained), ``eval_tasks()`` (held-out tasks: a training task with the same id or prompt is never
+    trained on), and ``alphabet`` and ``specials`` (a character tokenizer's characters
     and the strings it keeps whole). Built in: ``countdown`` (arithmetic answers graded in the
     sandbox), ``code`` (the shipped bug-fix tasks, agent tools and hidden tests in sandboxes) and
     ``code-search`` (generated repositories, search tools in sandboxes, F1 graded in a sandbox).

@@ -236,6 +236,9 @@ class CodeSearchConfig(Section, kw_only=True):
 
     tasks: int = 5000
     """Size of the training pool (the prompt scheduler cycles through it)."""
+    task_file: str = ""
+    """A task set (JSONL of TaskSpecs, e.g. written by ``relayrl data filter``) to train on instead of
+    the ``tasks`` generated ones; the held-out tasks stay generated."""
     eval_tasks: int = 200
     """Held-out tasks, from a different random stream."""
     seed: int = 0
@@ -304,6 +307,10 @@ class CodeSearchEnvironment:
                           styles=self.config.demonstration_styles, directories=self.config.directories)
 
     def tasks(self) -> list[TaskSpec]:
+        if self.config.task_file:
+            from relayrl.sandbox import load_tasks
+
+            return list(load_tasks(self.config.task_file))
         return self._generate(self.config.tasks, self.config.seed, "cs")
 
     def eval_tasks(self) -> list[TaskSpec]:

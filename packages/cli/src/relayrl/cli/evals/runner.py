@@ -67,12 +67,14 @@ def resolve_tasks(config: Config, spec: str, *, split: str = "auto", limit: int 
     """The tasks ``spec`` names and the environment that serves and grades them.
 
     ``spec`` is an environment name (its held-out ``eval_tasks()`` for split ``eval``, its training
-    ``tasks()`` for ``train``; ``auto``: held out when it has any) or a task file or directory in
+    tasks for ``train``, as a run trains on them: without any that repeats a held-out prompt; ``auto``:
+    held out when it has any) or a task file or directory in
     the documented format (served by the ``code`` environment). ``sandbox``: the environment's
     ``[sandbox]`` section (default: the config's).
     """
     from relayrl.core.plugins import registrations
     from relayrl.rollout.config import build_environment
+    from relayrl.rollout.evaluation import split_tasks
 
     if split not in SPLITS:
         raise RelayrlError(f"--split {split}: expected one of {', '.join(SPLITS)}")
@@ -93,14 +95,14 @@ def resolve_tasks(config: Config, spec: str, *, split: str = "auto", limit: int 
                            "nor a task file or directory")
     config = load_config(raw, pm=pm)
     environment = build_environment(config.rollout, sandbox=sandbox or config.sandbox, pm=pm)
-    held_out = list(environment.eval_tasks()) if hasattr(environment, "eval_tasks") else []
+    training, held_out = split_tasks(environment)
     if split == "eval" and not held_out:
         raise RelayrlError(f"--tasks {spec}: the environment has no held-out tasks (use --split train)")
     if split == "auto":
         split = "eval" if held_out else "train"
         if not held_out:
             print(f"relayrl eval: {spec} has no held-out split; evaluating its training tasks", file=sys.stderr)
-    tasks = held_out if split == "eval" else list(environment.tasks())
+    tasks = held_out if split == "eval" else training
     if limit is not None:
         tasks = tasks[:limit]
     if not tasks:
@@ -147,8 +149,8 @@ def _sandbox_section(config: Config, hidden: list[Path]) -> Any:
     return msgspec.structs.replace(section, hide_paths=paths)
 
 
-def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: Any = None) -> dict[str, Any]:
-    """Evaluate ``model`` as ``options`` say, writing to ``out``; return the summary."""
+def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: Any = None) -> tuple[dict[str, Any], TaskSet]:
+    """Evaluate ``model`` as ``options`` say, writing to ``out``; return the summary and the tasks."""
     from relayrl.rollout.evaluation import RecordFile, completed_tasks
 
     for k in options.ks:
@@ -176,7 +178,7 @@ def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: Any = Non
                                   "engines": config.rollout.engines, "tasks": len(remaining)})
         _write_json(out / "eval.json", state)
         _close(environment)
-    return write_outputs(out, model, task_set, options, state)
+    return write_outputs(out, model, task_set, options, state), task_set
 
 
 def _close(environment: Any) -> None:

@@ -104,6 +104,8 @@ class Display:
                 parts.append(f"{label} {format(metrics[name], fmt)}")
         if metrics.get("fleet/engine_version_min") is not None:
             parts.append(f"engines at v{metrics['fleet/engine_version_min']:.0f}")
+        if metrics.get("eval/pass@1") is not None:
+            parts.append(f"eval pass@1 {metrics['eval/pass@1']:.3f} (step {metrics.get('eval/step', 0):.0f})")
         return " | ".join(parts)
 
     def _draw(self, text: str, *, keep: bool = False) -> None:

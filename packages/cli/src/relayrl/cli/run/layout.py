@@ -30,6 +30,9 @@ class RunLayout:
         self.model_dir = self.root / "model"
         self.logs = self.root / "logs"
         self.status = self.root / "status"
+        self.eval_results = self.root / "eval"
+        """Where ``[eval]`` writes the run's held-out evaluations (``run.jsonl``, ``step-NNNNNN.jsonl``);
+        ``relayrl eval RUN_DIR`` writes to folders inside it."""
         self._local: Store | None = None
 
     def create(self, raw_config: dict[str, Any]) -> None:

@@ -10,7 +10,11 @@ Four times a second it writes its cumulative counters to ``fleet/<producer>.json
 (groups graded, committed and skipped; reward sum and count: the trainer's ``reward/fleet_mean``),
 and every second ``status/rollout.json``: fleet throughput, the environment's grading
 counters, and each engine's served weight version and applied updates (from its ``/health``),
-which the trainer folds into its step metrics. SIGTERM or SIGINT stops it cleanly: complete groups
+which the trainer folds into its step metrics. With ``[eval] every_steps``, a
+:class:`relayrl.rollout.periodic_eval.PeriodicEval` evaluates the held-out tasks through the same
+fleet every N trainer steps (results in ``RUN_DIR/eval/run.jsonl``, the newest also as ``eval/...``
+in the status metrics). The prompt scheduler gets the training tasks only (held-out ones removed,
+:func:`relayrl.rollout.evaluation.split_tasks`). SIGTERM or SIGINT stops it cleanly: complete groups
 are committed, in-flight ones discarded.
 """
 
@@ -32,8 +36,10 @@ from relayrl.core.config import Config
 from relayrl.core.plugins import get_plugin_manager, lookup
 from relayrl.rollout.config import build_environment, build_harness, build_router
 from relayrl.rollout.engines.http import HttpEngine
+from relayrl.rollout.evaluation import split_tasks
 from relayrl.rollout.manager import RolloutManager, write_fleet_counters
 from relayrl.rollout.models import load_tokenizer, make_chat_format
+from relayrl.rollout.periodic_eval import PeriodicEval
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
 
@@ -62,9 +68,11 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
     params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             max_kept=sampling.max_kept)
     bus = layout.bus(config)
+    training, held_out = split_tasks(environment)  # the scheduler never sees a held-out task
+    proxy = TokenRecordingProxy(router)
     manager = RolloutManager(
-        scheduler=create_prompt_scheduler(environment.tasks(), config.buffer.prompts, seed=config.run.seed, pm=pm),
-        harness=build_harness(section, pm=pm), proxy=TokenRecordingProxy(router), chat=chat, sampling=params,
+        scheduler=create_prompt_scheduler(training, config.buffer.prompts, seed=config.run.seed, pm=pm),
+        harness=build_harness(section, pm=pm), proxy=proxy, chat=chat, sampling=params,
         grader=environment, writer=SegmentWriter.from_config(bus, section.producer_id, config.buffer), store=bus,
         tools=environment.tools, shapers=build_reward_shapers(config.algo, pm=pm), group_size=section.group_size,
         max_concurrent_groups=section.max_concurrent_groups, max_ahead_groups=section.max_ahead_groups,
@@ -75,13 +83,19 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
 
     def write_status() -> None:
         layout.write_status("rollout", {
-            "metrics": {**manager.metrics(), **environment.metrics(),
+            "metrics": {**manager.metrics(), **environment.metrics(), **(evaluator.metrics() if evaluator else {}),
                         "fleet/engines_alive": float(sum(bool(item.get("alive")) for item in health)),
                         "fleet/engine_version_min": float(min((item.get("version", 0) for item in health),
                                                               default=0)),
                         "fleet/engine_weight_updates": float(sum(item.get("weight_updates", 0)
                                                                  for item in health))},
             "engines": health})
+
+    evaluator = None
+    if config.eval.every_steps:  # each result reaches the trainer's next step through the status
+        evaluator = PeriodicEval(config.eval, held_out, harness=manager.harness, proxy=proxy, chat=chat,
+                                 sampling=params, grader=environment, tools=environment.tools, store=bus,
+                                 results_dir=layout.eval_results, on_result=lambda _: write_status())
 
     async def report() -> None:
         beat = 0
@@ -93,13 +107,16 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
             beat += 1
             await asyncio.sleep(0.25)
 
-    reporter = asyncio.create_task(report())
+    background = [asyncio.create_task(report())]
+    if evaluator is not None:
+        background.append(asyncio.create_task(evaluator.run()))
     try:
         await manager.run(handle_signals=True)
     finally:
-        reporter.cancel()
+        for task in background:  # an evaluation in flight is dropped: nothing of it was recorded yet
+            task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await reporter
+            await asyncio.gather(*background)
         write_fleet_counters(bus, section.producer_id, manager.fleet_counters())
         # The final counters, with the engines' last health: they are being stopped alongside this process.
         write_status()

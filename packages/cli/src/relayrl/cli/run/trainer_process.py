@@ -164,9 +164,12 @@ class TrainerProcess:
         if demonstration is None:
             raise SystemExit(f"trainer.warmup.steps = {self.config.trainer.warmup.steps}, but environment "
                              f"{self.config.rollout.environment!r} has no demonstrations")
+        from relayrl.rollout.evaluation import split_tasks
+
         end = self.chat.stop_token_ids()
+        training, _ = split_tasks(self.environment)  # never the held-out tasks
         return [(self.chat.render("user", task.instruction) + self.chat.assistant_prefix(),
-                 self.chat.tokenizer.encode(demonstration(task)) + end[:1]) for task in self.environment.tasks()]
+                 self.chat.tokenizer.encode(demonstration(task)) + end[:1]) for task in training]
 
     def _recover(self) -> Any:
         recovered = recover(self.checkpointer.local, self.checkpointer.peers)
