@@ -1,8 +1,9 @@
 """The quickstart model before and after RL, measured by ``relayrl eval``: the table of docs/eval.md.
 
 Runs ``relayrl run examples/quickstart.toml`` (unless ``--run-dir`` already holds a finished run),
-then evaluates two versions of its policy on countdown's held-out tasks with the same seed:
-version 1 (after the supervised warm-up, before any RL step) and the newest (after RL). Prints a
+keeping version 1 on the weight bus (``weight_sync.keep_every``), then evaluates two versions of its
+policy on countdown's held-out tasks with the same seed: version 1 (after the supervised warm-up,
+before any RL step) and the newest (after RL). Prints a
 markdown table: pass@1, pass@8, mean reward, tokens per sample and per solved sample, and the
 evaluation's wall time.
 
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as temp:
         run_dir = Path(args.run_dir) if args.run_dir else Path(temp) / "run"
         if not (run_dir / "metrics.jsonl").exists():
-            relayrl("run", str(QUICKSTART), "--run-dir", str(run_dir), "--no-report", *(QUICK_RUN if args.quick else []))
+            relayrl("run", str(QUICKSTART), "--run-dir", str(run_dir), "--no-report", "--set", "weight_sync.keep_every=100",
+                    *(QUICK_RUN if args.quick else []))
         steps = sum(1 for _ in (run_dir / "metrics.jsonl").open())
         before = evaluate(f"{run_dir}@1", Path(temp) / "before", args.samples, args.limit)
         after = evaluate(str(run_dir), Path(temp) / "after", args.samples, args.limit)

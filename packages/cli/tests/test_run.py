@@ -285,6 +285,26 @@ def test_the_trajectory_viewer_renders_the_run_in_a_headless_browser(agent_run, 
     assert "continues from:" in dom  # a compaction segment with its summary
 
 
+def test_relayrl_eval_runs_the_agent_on_code_search_and_on_a_bug_fix_task_file(agent_run, tmp_path, capsys):
+    """The multi-turn path of relayrl eval: the agent harness, tools in sandboxes, the sandboxed F1 grader
+    (code-search's held-out tasks) and the isolated hidden-test grader (a task directory, served by
+    the code environment)."""
+    from relayrl.cli.main import main
+    from relayrl.sandbox.tasks import SHIPPED
+
+    assert main(["eval", str(agent_run), "--tasks", "code-search", "--limit", "2", "--samples", "2",
+                 "--out", str(tmp_path / "search")]) == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "search" / "summary.json").read_text())
+    assert summary["spec"]["tasks"] == "code-search (eval split)" and summary["overall"]["samples"] == 4
+    assert summary["overall"]["tool_calls"] > 0 and summary["overall"]["turns"] >= 1
+    assert all(task["task_id"].startswith("cs-eval-") for task in summary["tasks"])
+    assert main(["eval", str(agent_run), "--tasks", str(SHIPPED / "bugfix"), "--limit", "1", "--samples", "1",
+                 "--out", str(tmp_path / "bugfix")]) == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "bugfix" / "summary.json").read_text())
+    assert summary["spec"]["environment"]["name"] == "code" and summary["overall"]["samples"] == 1
+    assert (tmp_path / "bugfix" / "trajectories.html").exists()
+
+
 @pytest.mark.parametrize("example", sorted(path.name for path in (ROOT / "examples").glob("*.toml")))
 def test_every_example_config_validates(example):
     from relayrl.core.config import load_config

@@ -230,3 +230,19 @@ def test_the_periodic_evaluator_follows_the_trainer_and_resumes_its_schedule(tmp
     # A restarted rollout process picks the schedule up where the file left it.
     resumed = evaluator()
     assert resumed.metrics()["eval/step"] == 6.0 and not resumed.due(10) and resumed.due(11)
+
+
+def test_a_task_file_replaces_the_generated_training_pool_but_not_the_held_out_tasks(tmp_path):
+    from relayrl.rollout.countdown import CountdownConfig
+    from relayrl.rollout.search import CodeSearchConfig, CodeSearchEnvironment
+
+    chosen = make_tasks(30, seed=4)[::3]
+    path = tmp_path / "filtered.jsonl"
+    path.write_text("".join(msgspec.json.encode(task).decode() + "\n" for task in chosen))
+    environment = CountdownEnvironment(CountdownConfig(task_file=str(path)))
+    assert environment.tasks() == chosen
+    assert environment.eval_tasks() == CountdownEnvironment().eval_tasks()
+    search = CodeSearchEnvironment(CodeSearchConfig(tasks=3, eval_tasks=2))
+    searched = tmp_path / "search.jsonl"
+    searched.write_text("".join(msgspec.json.encode(task).decode() + "\n" for task in search.tasks()))
+    assert CodeSearchEnvironment(CodeSearchConfig(task_file=str(searched), eval_tasks=2)).tasks() == search.tasks()

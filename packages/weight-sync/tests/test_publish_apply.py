@@ -203,6 +203,23 @@ def test_retention_keeps_latest_needed_bases_and_in_flight_objects(store):
     publisher.close()
 
 
+def test_keep_every_keeps_version_one_and_every_nth_after_it_with_their_bases(store):
+    publisher = Publisher(store, snapshot_every_versions=4, keep_versions=2, keep_every=5, background=False)
+    publish(publisher, *range(1, 13))  # snapshots 1, 5, 9; milestones 1, 6, 11
+    bus = WeightBus(store)
+    # 11, 12 newest; milestone 6 needs its chain from snapshot 5; 11 needs 9, 10.
+    assert bus.committed_versions() == [1, 5, 6, 9, 10, 11, 12]
+    for version in (1, 6):  # a kept milestone still rebuilds bit for bit
+        engine = fresh_engine()
+        Controller(store, engine).update_to(version)
+        assert engine_equals(engine, state(version))
+    publisher.close()
+    without = Publisher(open_store(f"{store.url}-plain"), snapshot_every_versions=4, keep_versions=2, background=False)
+    publish(without, *range(1, 13))
+    assert WeightBus(without.bus.store).committed_versions() == [9, 10, 11, 12]
+    without.close()
+
+
 def test_a_lagging_latest_pointer_is_probed_past(store):
     publisher = Publisher(store, keep_versions=0)
     publish(publisher, 1, 2)

@@ -35,6 +35,10 @@ class WeightSyncSection(Section):
     """Objects uploaded (and downloaded) in parallel."""
     keep_versions: int = 4
     """Retention keeps this many newest versions plus every base they need; 0 disables retention."""
+    keep_every: int = 0
+    """Retention also keeps version 1 (the model RL starts from) and every ``keep_every``-th version
+    after it (1, 1 + N, 1 + 2N, ...), with their bases, for evaluating them later
+    (``relayrl eval RUN_DIR@VERSION``); 0: only the newest."""
     poll_interval_s: float = 1.0
     """How often a controller looks for a newer version."""
     stage_url: str = ""

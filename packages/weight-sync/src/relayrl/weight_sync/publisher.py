@@ -85,7 +85,7 @@ class Publisher:
                  snapshot_every_versions: int = 50, delta_codec: str = DEFAULT_DELTA_CODEC, full_codec: str = DEFAULT_FULL_CODEC,
                  zstd_level: int = 1, chunk_bytes: int = 4 * MIB, min_gain: float = 0.01, threads: int = 0,
                  object_bytes: int = 256 * MIB, upload_threads: int = 4, keep_versions: int = 4,
-                 rank: int = 0, world_size: int = 1, first_version: int | None = None,
+                 keep_every: int = 0, rank: int = 0, world_size: int = 1, first_version: int | None = None,
                  bridge_deltas: bool = True, background: bool = True, pm: Any = None) -> None:
         if publish_every_steps < 1 or snapshot_every_versions < 1:
             raise WeightSyncError("publish_every_steps and snapshot_every_versions must be at least 1")
@@ -105,6 +105,7 @@ class Publisher:
         self.object_bytes = object_bytes
         self.bridge_deltas = bridge_deltas
         self.keep_versions = keep_versions
+        self.keep_every = keep_every
         self.rank, self.world_size = rank, world_size
         self.pool = ChunkPool(threads)
         self._uploads = ThreadPoolExecutor(max(1, upload_threads), thread_name_prefix="relayrl-weight-upload")
@@ -132,9 +133,14 @@ class Publisher:
             snapshot_every_versions=section.snapshot_every_versions, delta_codec=section.delta_codec,
             full_codec=section.full_codec, zstd_level=section.zstd_level, chunk_bytes=section.chunk_mib * MIB,
             min_gain=section.min_gain, threads=section.threads, object_bytes=section.object_mib * MIB,
-            upload_threads=section.upload_threads, keep_versions=section.keep_versions)
+            upload_threads=section.upload_threads, keep_versions=section.keep_versions,
+            keep_every=section.keep_every)
         options.update(overrides)
         return cls(store, **options)
+
+    def _milestones(self, newest: int) -> list[int]:
+        """Versions retention keeps for later evaluation: 1, 1 + N, 1 + 2N, ... (``keep_every`` = N)."""
+        return list(range(1, newest + 1, self.keep_every)) if self.keep_every > 0 else []
 
     # ------------------------------------------------------------------ public API
     def maybe_publish(self, step: int, tensors: Mapping[str, Any], **kwargs: Any) -> Future[PublishReport] | None:
@@ -284,7 +290,7 @@ class Publisher:
         deleted: list[int] = []
         if committed and self.keep_versions > 0:
             try:
-                deleted = apply_retention(self.bus, keep_versions=self.keep_versions)
+                deleted = apply_retention(self.bus, keep_versions=self.keep_versions, protect=self._milestones(version))
             except Exception as exc:  # retention is housekeeping: the version is published
                 log.warning("retention after version %d failed: %s", version, exc)
         report = PublishReport(version=version, kind=manifest.kind, committed=committed,
