@@ -220,6 +220,33 @@ def test_keep_every_keeps_version_one_and_every_nth_after_it_with_their_bases(st
     without.close()
 
 
+@pytest.mark.parametrize("damage", ["torn", "flipped", "not-utf8", "not-a-number", "empty"])
+def test_a_damaged_latest_pointer_is_only_a_missing_hint_and_the_next_publish_rewrites_it(store, tmp_path, damage):
+    """``latest`` is a hint: damaged, readers fall back to the listing, retention goes on, and the next
+    publish (even a restarted publisher's) writes a good one."""
+    publisher = Publisher(store, snapshot_every_versions=3, keep_versions=2, background=False)
+    publish(publisher, 1, 2, 3)
+    bus = WeightBus(store)
+    path = tmp_path / "bus" / "weights" / "latest"
+    framed = path.read_bytes()
+    if damage == "torn":
+        path.write_bytes(framed[:len(framed) // 2])
+    elif damage == "flipped":
+        path.write_bytes(bytes([framed[0] ^ 0x01]) + framed[1:])  # a payload bit: the checksum fails
+    else:
+        store.put(bus.key("latest"), {"not-utf8": b"\xff\xfe3", "not-a-number": b"three", "empty": b""}[damage])
+    assert bus.read_latest_pointer() is None
+    assert bus.newest_version() == 3
+    engine = fresh_engine()
+    Controller(store, engine).poll_once()
+    assert engine_equals(engine, state(3))
+    restarted = Publisher(store, snapshot_every_versions=3, keep_versions=2, background=False)
+    publish(restarted, 4, 5)
+    assert bus.read_latest_pointer() == 5 and bus.committed_versions() == [4, 5]  # retention went on
+    publisher.close()
+    restarted.close()
+
+
 def test_a_lagging_latest_pointer_is_probed_past(store):
     publisher = Publisher(store, keep_versions=0)
     publish(publisher, 1, 2)

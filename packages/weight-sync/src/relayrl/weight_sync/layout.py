@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 from relayrl.core import codec
-from relayrl.core.errors import ObjectExists, ObjectNotFound
+from relayrl.core.errors import ChecksumMismatch, ObjectExists, ObjectNotFound
 from relayrl.core.store import Store
 from relayrl.core.wire import WeightManifest
 from relayrl.weight_sync.errors import WeightSyncError
@@ -124,18 +124,21 @@ class WeightBus:
 
     # ------------------------------------------------------------------ latest
     def read_latest_pointer(self) -> int | None:
+        """The version ``latest`` names; None when it is absent or unreadable (torn, failing its checksum,
+        not a number). It is only a hint: readers then list the manifests, and the next publish
+        rewrites it."""
         try:
-            text = self.store.get(self.key("latest")).decode()
-        except ObjectNotFound:
+            text = self.store.get(self.key("latest")).decode("ascii").strip()
+        except (ObjectNotFound, ChecksumMismatch, UnicodeDecodeError):
             return None
-        return int(text) if text.strip().isdigit() else None
+        return int(text) if text.isdigit() else None
 
     def write_latest_pointer(self, version: int) -> None:
         """Point ``latest`` at committed ``version`` unless it already names a newer one."""
         if not self.exists(version):
             raise WeightSyncError(f"refusing to point latest at uncommitted version {version}")
         current = self.read_latest_pointer()
-        if current is None or current < version:
+        if current is None or current < version or not self.exists(current):  # absent, damaged or dangling
             self.store.put(self.key("latest"), str(version).encode())
 
     def newest_version(self) -> int | None:
