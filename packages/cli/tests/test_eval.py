@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,6 +137,14 @@ def test_the_runs_held_out_evaluations_are_in_its_metrics_report_and_agree_with_
     metrics = [record["metrics"] for record in read_metrics(run_dir)]
     assert any("eval/pass@1" in item and item["eval/step"] == 0 for item in metrics)
     assert "Held-out evaluation" in (run_dir / "report" / "report.html").read_text()
+    import io
+
+    from relayrl.cli.run.display import Display
+    from relayrl.cli.run.layout import RunLayout
+
+    display = Display(RunLayout(run_dir), total_steps=8, stream=io.StringIO(), interactive=False)
+    display.close()  # reads every step and draws the last progress line
+    assert re.search(r"eval pass@1 \d\.\d{3} \(step \d+\)", display.stream.getvalue())
     # The held-out split never reached training: no committed group asks a held-out prompt.
     from relayrl.cli.view import collect_groups
     from relayrl.rollout.countdown import CountdownConfig, CountdownEnvironment
