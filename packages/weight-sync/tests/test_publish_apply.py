@@ -247,6 +247,31 @@ def test_a_damaged_latest_pointer_is_only_a_missing_hint_and_the_next_publish_re
     restarted.close()
 
 
+@pytest.mark.parametrize("damage", ["undecodable", "checksum"])
+@pytest.mark.parametrize("what", ["delta manifest", "bridge"])
+def test_a_follower_routes_around_an_unreadable_manifest_or_bridge_to_the_snapshot(store, tmp_path, damage, what):
+    """A manifest or bridge whose bytes pass the store's checksum but do not decode (or fail it) is an
+    unavailable route, never an error that keeps a follower behind a newer snapshot."""
+    publisher = Publisher(store, snapshot_every_versions=3, keep_versions=0, background=False)
+    publish(publisher, 1)
+    follower = fresh_engine()
+    controller = Controller(store, follower)
+    controller.update_to(1)
+    publish(publisher, 2, 3, 4, 5)  # 4 is a snapshot with a bridge from 3
+    bus = WeightBus(store)
+    key = bus.manifest_key(2) if what == "delta manifest" else bus.read_manifest(4).metadata["bridge"]
+    if damage == "undecodable":
+        store.put(key, b"\x93not a manifest")
+    else:
+        path = tmp_path / "bus" / key
+        framed = path.read_bytes()
+        path.write_bytes(bytes([framed[0] ^ 0x01]) + framed[1:])
+    report = controller.poll_once()
+    assert report is not None and report.version == 5 and report.route == "snapshot"
+    assert engine_equals(follower, state(5))
+    publisher.close()
+
+
 def test_a_lagging_latest_pointer_is_probed_past(store):
     publisher = Publisher(store, keep_versions=0)
     publish(publisher, 1, 2)

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from relayrl.core.errors import ObjectNotFound, StoreError
+from relayrl.core.errors import ChecksumMismatch, ObjectNotFound, StoreError, WireError
 from relayrl.core.store import Store
 from relayrl.core.wire import WeightManifest
 from relayrl.weight_sync import bits as tensor_bits
@@ -90,6 +90,11 @@ def plan_route(bus: WeightBus, target: int, served: int | None) -> Plan:
     return Plan(target, "snapshot", snapshot_route, _fetch_bytes(snapshot_route))
 
 
+UNREADABLE = (ObjectNotFound, ChecksumMismatch, WireError)
+"""A manifest or bridge that is gone, fails its checksum or does not decode: its route is unavailable,
+and the planner takes another (a replay's corrupt link sends it to the snapshot)."""
+
+
 def _snapshot_chain(bus: WeightBus, target: int) -> list[WeightManifest] | None:
     """The newest full snapshot at or below ``target`` and the deltas after it, oldest first."""
     chain: list[WeightManifest] = []
@@ -97,7 +102,7 @@ def _snapshot_chain(bus: WeightBus, target: int) -> list[WeightManifest] | None:
     while current is not None:
         try:
             manifest = bus.read_manifest(current)
-        except ObjectNotFound:
+        except UNREADABLE:
             return None
         chain.append(manifest)
         if manifest.kind == "full":
@@ -114,10 +119,10 @@ def _replay_chain(bus: WeightBus, target: int, served: int, limit: int | None) -
     while current > served:
         try:
             manifest = bus.read_manifest(current)
-        except ObjectNotFound:
+            bridge = bus.read_bridge(manifest) if manifest.kind == "full" else None
+        except UNREADABLE:
             return None
         if manifest.kind == "full":
-            bridge = bus.read_bridge(manifest)
             if bridge is None:
                 return None
             manifest = bridge
@@ -213,7 +218,7 @@ class Controller:
             plan = plan_route(self.bus, target, previous)
             staged = self._prefetch(plan)
             retried = False
-        except (StoreError, WeightSyncError) as exc:  # a bad or vanished object, a wrong base, a broken chain
+        except (StoreError, WireError, WeightSyncError) as exc:  # a bad or vanished object, a wrong base, a broken chain
             # On any doubt: newest snapshot plus replay, ignoring what the engine holds.
             log.warning("update to version %d by its %s route failed (%s); retrying from a snapshot", target,
                         "planned", exc)
