@@ -272,6 +272,44 @@ def test_a_follower_routes_around_an_unreadable_manifest_or_bridge_to_the_snapsh
     publisher.close()
 
 
+def test_an_ambiguous_manifest_write_does_not_wedge_the_publisher(store):
+    """The manifest write lands but the client sees an error (a connection reset after the write): the
+    next publish finds its own earlier attempt committed, keeps it, and publishes as the next version,
+    instead of failing for good with "committed by another publisher"."""
+    from relayrl.core.errors import StoreError
+
+    bus = WeightBus(store)
+    real_put, tripped = store.put, []
+
+    def put_then_fail_once(key, data, **options):
+        result = real_put(key, data, **options)
+        if key == bus.manifest_key(2) and not tripped:
+            tripped.append(key)
+            raise StoreError("connection reset after the write landed")
+        return result
+
+    store.put = put_then_fail_once
+    publisher = Publisher(store, snapshot_every_versions=50, keep_versions=0)
+    publish(publisher, 1)
+    with pytest.raises(StoreError, match="connection reset"):
+        publisher.publish(state(2), step=20).result()
+    assert bus.exists(2) and publisher.next_version == 2  # committed, though the publisher could not know
+    report = publisher.publish(state(3), step=30).result()
+    assert report.version == 3 and report.kind == "full" and publisher.next_version == 4
+    report = publisher.publish(state(4), step=40).result()
+    assert report.version == 4 and report.kind == "delta"
+    for version in (2, 3, 4):  # the earlier attempt's version 2 holds the bits it was published with
+        engine = fresh_engine()
+        Controller(store, engine).update_to(version)
+        assert engine_equals(engine, state(version))
+    publisher.close()
+    # A manifest of an attempt that is not this publisher's is still another writer: refused.
+    other = Publisher(store, keep_versions=0, first_version=4)
+    other.publish(state(4), step=40)
+    with pytest.raises(WeightSyncError, match="committed by another publisher"):
+        other.close()  # waits for the publish, and re-raises its error
+
+
 def test_a_lagging_latest_pointer_is_probed_past(store):
     publisher = Publisher(store, keep_versions=0)
     publish(publisher, 1, 2)

@@ -40,6 +40,10 @@ MIB = 1 << 20
 log = logging.getLogger(__name__)
 
 
+class _EarlierAttemptCommitted(Exception):
+    """This publisher's earlier attempt at a version committed after all (its write had reported an error)."""
+
+
 @dataclasses.dataclass
 class PublishReport:
     """What one publish did, with the time of each phase in seconds."""
@@ -124,6 +128,8 @@ class Publisher:
         self._snapshot_version: int | None = None
         self.last_report: PublishReport | None = None
         self.last_error: BaseException | None = None
+        self._attempts: collections.deque[str] = collections.deque(maxlen=64)
+        """This publisher's recent attempt ids: a manifest carrying one is its own, not another writer's."""
 
     @classmethod
     def from_config(cls, store: Store, section: WeightSyncSection, **overrides: Any) -> Publisher:
@@ -236,7 +242,19 @@ class Publisher:
     def _publish_version(self, version: int, current: dict[str, np.ndarray], step: int,
                          metadata: dict[str, str], copy_s: float) -> PublishReport:
         try:
-            return self._encode_upload_commit(version, current, step, metadata, copy_s)
+            try:
+                return self._encode_upload_commit(version, current, step, metadata, copy_s)
+            except _EarlierAttemptCommitted:
+                # An earlier attempt at this version committed although its manifest write reported an
+                # error: the version stands (complete and verifiable). Its bits are no longer here to
+                # serve as a base, so these weights go out as the next version, a full snapshot.
+                log.warning("weight version %d: an earlier attempt committed after its write reported an "
+                            "error; keeping it, publishing these weights as version %d (a snapshot)",
+                            version, version + 1)
+                self._base, self._base_version, self._snapshot_version = None, None, None
+                self.next_version = version + 2
+                version += 1
+                return self._encode_upload_commit(version, current, step, metadata, copy_s)
         except BaseException:
             # Nothing was committed: the next publish reuses this number (versions stay contiguous)
             # and these buffers; the base stays the last committed version.
@@ -262,6 +280,7 @@ class Publisher:
 
         start = time.perf_counter()
         attempt = uuid.uuid4().hex[:12]
+        self._attempts.append(attempt)
         codec = self.full_codec if full else self.delta_codec
         entries = self._upload(version, attempt, names, encoded, codec.name)
         metadata = {**metadata, "attempt": attempt, "world_size": str(self.world_size)}
@@ -343,6 +362,9 @@ class Publisher:
         if self.world_size == 1:
             if not self.bus.write_manifest(manifest):
                 existing = self.bus.read_manifest(manifest.version, cached=False)
+                if existing.metadata.get("attempt") in self._attempts and \
+                        existing.metadata.get("attempt") != manifest.metadata["attempt"]:
+                    raise _EarlierAttemptCommitted(manifest.version)
                 if existing.metadata.get("attempt") != manifest.metadata["attempt"]:
                     raise WeightSyncError(f"version {manifest.version} was committed by another publisher "
                                           f"(attempt {existing.metadata.get('attempt')}); is a second trainer writing "
