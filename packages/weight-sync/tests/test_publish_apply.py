@@ -310,6 +310,21 @@ def test_an_ambiguous_manifest_write_does_not_wedge_the_publisher(store):
         other.close()  # waits for the publish, and re-raises its error
 
 
+def test_a_long_lived_controller_keeps_a_bounded_number_of_manifests(store, monkeypatch):
+    from relayrl.weight_sync import layout
+
+    monkeypatch.setattr(layout, "CACHED_MANIFESTS", 5)
+    publisher = Publisher(store, snapshot_every_versions=3, keep_versions=0, background=False)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    for version in range(1, 21):
+        publish(publisher, version)
+        controller.poll_once()
+        assert len(controller.bus._manifests) <= 5 and len(controller.bus._bridges) <= 5
+    assert engine_equals(engine, state(20))
+    publisher.close()
+
+
 def test_a_lagging_latest_pointer_is_probed_past(store):
     publisher = Publisher(store, keep_versions=0)
     publish(publisher, 1, 2)

@@ -17,7 +17,9 @@ killed between the manifest and the pointer), so readers probe forward from it.
 
 from __future__ import annotations
 
+import collections
 import time
+from typing import Any
 
 from relayrl.core import codec
 from relayrl.core.errors import ChecksumMismatch, ObjectExists, ObjectNotFound
@@ -26,6 +28,10 @@ from relayrl.core.wire import WeightManifest
 from relayrl.weight_sync.errors import WeightSyncError
 
 _WIDTH = 10
+CACHED_MANIFESTS = 128
+"""Manifests (and bridges) a bus keeps decoded, least recently used first out: a replay chain is at
+most ``snapshot_every_versions`` long, and a long-lived controller must not keep every version it
+ever saw (a manifest of a model with a few hundred tensors is ~170 KB)."""
 
 
 class WeightBus:
@@ -34,8 +40,8 @@ class WeightBus:
     def __init__(self, store: Store, prefix: str = "weights") -> None:
         self.store = store
         self.prefix = prefix.strip("/")
-        self._manifests: dict[int, WeightManifest] = {}
-        self._bridges: dict[str, WeightManifest] = {}
+        self._manifests: collections.OrderedDict[int, WeightManifest] = collections.OrderedDict()
+        self._bridges: collections.OrderedDict[str, WeightManifest] = collections.OrderedDict()
 
     def __repr__(self) -> str:
         return f"WeightBus({self.store.url!r}, prefix={self.prefix!r})"
@@ -66,9 +72,10 @@ class WeightBus:
             return None
         if key not in self._bridges:
             try:
-                self._bridges[key] = self.read_shard(key)
+                _remember(self._bridges, key, self.read_shard(key))
             except ObjectNotFound:
                 return None
+        self._bridges.move_to_end(key)
         return self._bridges[key]
 
     @staticmethod
@@ -97,12 +104,13 @@ class WeightBus:
     def read_manifest(self, version: int, *, cached: bool = True) -> WeightManifest:
         """The committed manifest of ``version``; ObjectNotFound when it is not (or no longer) there."""
         if cached and version in self._manifests:
+            self._manifests.move_to_end(version)
             return self._manifests[version]
         key = self.manifest_key(version)
         manifest = codec.decode(self.store.get(key), WeightManifest, what=f"{self.store.url}/{key}")
         if manifest.version != version:
             raise WeightSyncError(f"{self.store.url}/{key}: holds version {manifest.version}, not {version}")
-        self._manifests[version] = manifest
+        _remember(self._manifests, version, manifest)
         return manifest
 
     def forget(self, version: int) -> None:
@@ -116,7 +124,7 @@ class WeightBus:
         except ObjectExists:
             return False
         if key is None:
-            self._manifests[manifest.version] = manifest
+            _remember(self._manifests, manifest.version, manifest)
         return True
 
     def read_shard(self, key: str) -> WeightManifest:
@@ -151,6 +159,13 @@ class WeightBus:
         while self.exists(newest + 1):
             newest += 1
         return newest
+
+
+def _remember(cache: collections.OrderedDict, key: Any, value: WeightManifest) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > CACHED_MANIFESTS:
+        cache.popitem(last=False)
 
 
 def new_manifest(**fields: object) -> WeightManifest:
