@@ -43,6 +43,36 @@ class TestLocalStore(StoreTests):
         assert store.sweep_temporaries(older_than_s=0) == 1
         assert not leftover.exists()
 
+    def test_a_delete_prunes_the_directories_it_empties_and_writers_recreate_them(self, store, tmp_path):
+        import threading
+
+        store.put("a/b/one", b"1")
+        store.put("a/b/two", b"2")
+        store.put("a/keep", b"k")
+        store.delete("a/b/one")
+        assert (tmp_path / "bus" / "a" / "b").is_dir()  # still holds "two"
+        store.delete("a/b/two")
+        assert not (tmp_path / "bus" / "a" / "b").exists() and (tmp_path / "bus" / "a").is_dir()
+        store.delete("a/keep")
+        assert not (tmp_path / "bus" / "a").exists() and (tmp_path / "bus").is_dir()  # never the root
+        # Writers and deleters racing in one directory: every write lands whole, none fails.
+        errors = []
+
+        def churn(worker):
+            try:
+                for index in range(200):
+                    store.put(f"d/e/{worker}-{index}", b"x")
+                    store.delete(f"d/e/{worker}-{index}")
+            except Exception as exc:  # pragma: no cover - the assertion below reports it
+                errors.append(exc)
+
+        threads = [threading.Thread(target=churn, args=(worker,)) for worker in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert errors == [] and store.list() == []
+
 
 class TestMemoryStore(StoreTests):
     large_object_bytes = 8 * 1024 * 1024

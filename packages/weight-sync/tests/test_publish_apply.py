@@ -325,6 +325,26 @@ def test_a_long_lived_controller_keeps_a_bounded_number_of_manifests(store, monk
     publisher.close()
 
 
+def test_retention_leaves_no_empty_directories_and_sweeps_dead_writers_temporaries(store, tmp_path):
+    import os
+    import time
+
+    from relayrl.core.store.base import TEMP_MARKER
+
+    root = tmp_path / "bus" / "weights"
+    publisher = Publisher(store, snapshot_every_versions=3, keep_versions=2, background=False)
+    publish(publisher, 1, 2)
+    dead = root / "objects" / "0000000002" / f".part{TEMP_MARKER}killed"
+    dead.write_bytes(b"half an object")
+    os.utime(dead, (time.time() - 7200, time.time() - 7200))  # a writer killed two hours ago
+    publish(publisher, 3, 4, 5, 6)
+    assert not dead.exists()
+    kept = {int(path.name) for path in (root / "objects").iterdir()}
+    assert kept <= set(WeightBus(store).committed_versions()) and all(any(path.iterdir())
+                                                                     for path in (root / "objects").iterdir())
+    publisher.close()
+
+
 def test_a_lagging_latest_pointer_is_probed_past(store):
     publisher = Publisher(store, keep_versions=0)
     publish(publisher, 1, 2)

@@ -40,6 +40,10 @@ MIB = 1 << 20
 log = logging.getLogger(__name__)
 
 
+TEMPORARY_AGE_S = 3600.0
+"""A temporary file this old under the weight prefix belongs to a writer that died: retention sweeps it."""
+
+
 class _EarlierAttemptCommitted(Exception):
     """This publisher's earlier attempt at a version committed after all (its write had reported an error)."""
 
@@ -310,6 +314,9 @@ class Publisher:
         if committed and self.keep_versions > 0:
             try:
                 deleted = apply_retention(self.bus, keep_versions=self.keep_versions, protect=self._milestones(version))
+                sweep = getattr(self.bus.store, "sweep_temporaries", None)
+                if sweep is not None:  # files of writers killed mid-write (local stores), an hour old
+                    sweep(older_than_s=TEMPORARY_AGE_S, prefix=self.bus.prefix)
             except Exception as exc:  # retention is housekeeping: the version is published
                 log.warning("retention after version %d failed: %s", version, exc)
         report = PublishReport(version=version, kind=manifest.kind, committed=committed,

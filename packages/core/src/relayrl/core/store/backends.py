@@ -148,10 +148,10 @@ class LocalStore(Store):
 
     def _write(self, path: str, chunks: Sequence[Buffer], *, if_absent: bool) -> None:
         directory, name = os.path.split(path)
-        os.makedirs(directory, exist_ok=True)
         temp = os.path.join(directory, f".{name}{TEMP_MARKER}{uuid.uuid4().hex}")
         try:
-            with open(temp, "wb") as handle:
+            handle = _create_in(directory, temp)
+            with handle:
                 for chunk in chunks:
                     handle.write(chunk)
                 handle.flush()
@@ -185,17 +185,28 @@ class LocalStore(Store):
 
     def _delete(self, path: str) -> None:
         os.unlink(path)
+        # Prune the directories this left empty (one per weight version, per rollout producer...), up
+        # to the store's root. A writer that loses its directory to this recreates it (_create_in);
+        # a directory holding anything, even a writer's temporary file, is never removed.
+        parent = os.path.dirname(path)
+        root = os.path.normpath(self._root)
+        while os.path.normpath(parent) != root and os.path.normpath(parent).startswith(root + os.sep):
+            try:
+                os.rmdir(parent)
+            except OSError:  # not empty, or already gone
+                break
+            parent = os.path.dirname(parent)
 
     def _exists(self, path: str) -> bool:
         return os.path.isfile(path)
 
-    def sweep_temporaries(self, older_than_s: float = 3600.0) -> int:
-        """Delete temporary files left by writers that died mid-write; returns how many."""
+    def sweep_temporaries(self, older_than_s: float = 3600.0, prefix: str = "") -> int:
+        """Delete temporary files left by writers that died mid-write (under ``prefix``); returns how many."""
         import time
 
         cutoff = time.time() - older_than_s
         removed = 0
-        for path in self._list(self._root):
+        for path in self._list(os.path.join(self._root, prefix) if prefix else self._root):
             if TEMP_MARKER in os.path.basename(path):
                 try:
                     if os.path.getmtime(path) < cutoff:
@@ -204,6 +215,20 @@ class LocalStore(Store):
                 except FileNotFoundError:
                     pass
         return removed
+
+
+def _create_in(directory: str, path: str, attempts: int = 20) -> Any:
+    """``open(path, "wb")``, creating ``directory`` first, again if a concurrent delete pruned it."""
+    for attempt in range(attempts):
+        try:
+            # makedirs can lose a race with a prune too: a parent vanishing mid-way (FileNotFoundError),
+            # or the directory pruned between its mkdir and its check (FileExistsError).
+            os.makedirs(directory, exist_ok=True)
+            return open(path, "wb")
+        except (FileNotFoundError, FileExistsError):
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def _fsync_directory(directory: str) -> None:
