@@ -111,3 +111,35 @@ def test_data_verify_reports_a_bad_location_on_one_line(tmp_path):
     result = relayrl("data", "verify", str(tmp_path / "absent.jsonl"))
     assert result.returncode == 2 and result.stderr.startswith("relayrl: error: ")
     assert "no task source accepts it" in result.stderr or "needs relayrl-sandbox" in result.stderr
+
+
+BAD_INPUTS = [
+    # (config text or None for "the path is a directory", --set overrides, what the one line must name)
+    (None, [], "is a directory, not a TOML config file"),
+    ("[run]\nname = '../..'\n", [], "run.name: '../..' is not a plain directory name"),
+    ("[run]\nname = ''\n", [], "run.name: '' is not a plain directory name"),
+    ("[store]\nurl = 'nosuch://bucket/run'\n", [], "store.url: no store handles scheme 'nosuch'"),
+    ("[rollout]\nharness_options = { max_tokens = 0 }\n", [], "rollout.harness_options.max_tokens: must be at least 1"),
+    ("[rollout]\nharness = 'coding-agent'\nharness_options = { max_turns = 0 }\n", [],
+     "rollout.harness_options.max_turns: must be at least 1"),
+    ("[algo]\noptimizer = { lr = -1e-4 }\n", [], "algo.optimizer.lr: must be a finite number > 0"),
+    ("[algo]\noptimizer = { lr = 0.0 }\n", [], "algo.optimizer.lr: must be a finite number > 0"),
+    ("", ["algo.optimizer.lr=nan"], "algo.optimizer.lr: must be a finite number > 0"),
+    ("", ["trainer.warmup.lr=inf"], "trainer.warmup.lr: must be a finite number > 0"),
+    ("[model]\npath = '/nonexistent/model'\n", [], "model.path: /nonexistent/model is not a model directory"),
+]
+
+
+@pytest.mark.parametrize("text,overrides,message", BAD_INPUTS)
+def test_bad_configs_get_one_line_naming_the_key_and_exit_2(tmp_path, capsys, text, overrides, message):
+    from relayrl.cli.main import main
+
+    path = tmp_path / "run.toml"
+    if text is None:
+        path.mkdir()
+    else:
+        path.write_text(text)
+    status = main(["config", "check", str(path), *(arg for item in overrides for arg in ("--set", item))])
+    error = capsys.readouterr().err
+    assert status == 2 and message in error, error
+    assert error.startswith("relayrl: error: ") and error.count("\n") == 1 and "Traceback" not in error

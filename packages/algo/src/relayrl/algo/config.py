@@ -89,6 +89,7 @@ class AlgoSection(Section, kw_only=True):
 
     def check(self, pm: Any, path: str) -> None:
         self.sampling.check(pm, f"{path}.sampling")
+        self.optimizer.check(pm, f"{path}.optimizer")
         build("relayrl_algo_advantage_estimators", "advantage estimator", self.advantage, self.advantage_options,
               pm=pm, path=f"{path}.advantage")
         build("relayrl_algo_losses", "loss", self.loss, self.loss_options, pm=pm, path=f"{path}.loss")

@@ -18,13 +18,14 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
 import msgspec
 import torch
 
-from relayrl.core.config import Section
+from relayrl.core.config import ConfigError, Section
 
 __all__ = ["CombinedOptimizer", "OptimizerConfig", "OptimizerReport", "build_optimizer", "muon_available",
            "partition_parameters"]
@@ -55,6 +56,16 @@ class OptimizerConfig(Section, kw_only=True):
     """torch.optim.Muon's adjust_lr_fn: "match_rms_adamw" scales updates to AdamW's RMS, "original" or None."""
     adamw_patterns: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_ADAMW_PATTERNS))
     """Parameter names matching any of these regular expressions use AdamW even when 2-D."""
+
+    def check(self, pm: object, path: str) -> None:
+        for key in ("lr", "muon_lr"):
+            check_learning_rate(getattr(self, key), f"{path}.{key}")
+
+
+def check_learning_rate(value: float | None, path: str) -> None:
+    """A learning rate must be a finite number > 0 (None: inherit one); ConfigError naming ``path``."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"{path}: must be a finite number > 0, got {value}")
 
 
 @dataclasses.dataclass

@@ -72,6 +72,11 @@ class RunSection(Section):
     deterministic: bool = False
     """Bitwise-reproducible training (slower kernels); see ``relayrl.algo.determinism``."""
 
+    def check(self, pm: Any, path: str) -> None:
+        # The default run directory is runs/<name>: a name that is empty or walks out of runs/ is refused.
+        if not self.name.strip() or self.name in (".", "..") or any(sep in self.name for sep in ("/", "\\")):
+            raise ConfigError(f"{path}.name: {self.name!r} is not a plain directory name (no '/', not '..' or empty)")
+
 
 class StoreSection(Section):
     """``[store]``: the object store that serves as the bus."""
@@ -80,6 +85,20 @@ class StoreSection(Section):
     """fsspec URL of the bus (``s3://bucket/run``); empty means the run directory itself."""
     options: dict[str, Any] = {}
     """Backend options passed to the store factory (e.g. ``endpoint_url`` for S3)."""
+
+    def check(self, pm: Any, path: str) -> None:
+        # Checked here, not when a process first opens it (then contacting whatever host the URL names).
+        if not self.url:
+            return
+        import fsspec
+
+        from relayrl.core.store import store_backends, url_scheme
+
+        scheme = url_scheme(self.url)
+        backends = store_backends(pm)
+        if scheme not in backends and scheme not in fsspec.available_protocols():
+            raise ConfigError(f"{path}.url: no store handles scheme {scheme!r} of {self.url!r} "
+                              f"(registered: {', '.join(sorted(backends))}; is a plugin missing?)")
 
 
 class Config:
@@ -175,6 +194,10 @@ def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[s
                 data = tomllib.load(handle)
         except FileNotFoundError:
             raise ConfigError(f"{origin}: no such config file") from None
+        except IsADirectoryError:
+            raise ConfigError(f"{origin}: is a directory, not a TOML config file") from None
+        except PermissionError:
+            raise ConfigError(f"{origin}: not readable (permission denied)") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{origin}: invalid TOML: {exc}") from None
     apply_overrides(data, overrides)

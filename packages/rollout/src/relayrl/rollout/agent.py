@@ -31,7 +31,7 @@ from typing import Protocol
 
 import msgspec
 
-from relayrl.core.config import Section
+from relayrl.core.config import ConfigError, Section
 from relayrl.core.wire import TaskSpec, Timings, ToolCall, ToolResult, Trajectory, TrajectorySegment, Turn
 from relayrl.rollout.chat import ChatFormat, MalformedCall, format_tool_result, parse_tool_calls
 from relayrl.rollout.protocol import GenerateRequest, SamplingParams
@@ -79,6 +79,21 @@ class AgentConfig(Section, kw_only=True):
     """Whether a tool result shows the model its wall time (``time=0.05s``); the time is recorded
     either way. Off, a trajectory's tokens depend on the tools' outputs alone, so demonstrations and
     their warm-up are the same from run to run."""
+
+    def check(self, pm: object, path: str) -> None:
+        # A zero budget would leave every trajectory waiting on an engine that may generate nothing.
+        _at_least_one(self, ("max_turns", "max_total_tokens", "max_tokens_per_turn", "context_limit",
+                             "summary_max_tokens", "max_tool_calls_per_turn"), path)
+        if not self.max_wall_time_s > 0:
+            raise ConfigError(f"{path}.max_wall_time_s: must be > 0, got {self.max_wall_time_s}")
+        if self.max_compactions < 0:
+            raise ConfigError(f"{path}.max_compactions: must be >= 0, got {self.max_compactions}")
+
+
+def _at_least_one(section: Section, keys: Sequence[str], path: str) -> None:
+    for key in keys:
+        if getattr(section, key) < 1:
+            raise ConfigError(f"{path}.{key}: must be at least 1, got {getattr(section, key)}")
 
 
 @dataclasses.dataclass
@@ -221,6 +236,9 @@ class SingleTurn:
     class Config(Section, kw_only=True):
         max_tokens: int = 256
         system_prompt: str = ""
+
+        def check(self, pm: object, path: str) -> None:
+            _at_least_one(self, ("max_tokens",), path)
 
     def __init__(self, config: SingleTurn.Config | None = None) -> None:
         self.config = config or self.Config()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from relayrl.core.config import ConfigError, Section
@@ -31,6 +32,8 @@ class ModelSection(Section, kw_only=True):
     def check(self, pm: Any, path: str) -> None:
         if self.path and self.init:
             raise ConfigError(f"{path}: set either path or init, not both")
+        if self.path and not (Path(self.path).expanduser() / "config.json").is_file():
+            raise ConfigError(f"{path}.path: {self.path} is not a model directory (no config.json there)")
         if self.init and self.tokenizer == "auto":
             raise ConfigError(f"{path}.tokenizer: a fresh model (init) needs tokenizer = \"char\"")
 

@@ -29,6 +29,10 @@ class WarmupSection(Section, kw_only=True):
     warmed weights meanwhile, so the warm-up may take every core that RL shares with the engines."""
 
     def check(self, pm: object, path: str) -> None:
+        from relayrl.algo.optim import check_learning_rate
+
+        for key in ("lr", "muon_lr"):
+            check_learning_rate(getattr(self, key), f"{path}.{key}")
         if self.decay not in ("none", "cosine"):
             raise ConfigError(f"{path}.decay: must be \"none\" or \"cosine\", got {self.decay!r}")
         if not 0.0 <= self.ramp <= 1.0:
