@@ -101,3 +101,30 @@ def test_the_tool_table_gives_each_tools_share_of_trajectories_per_tenth_of_the_
     assert len(rows) == 2 + 10
     assert tool_use_table([(1, []), (2, [])]) == []  # no tool was called: no table
     assert tool_use_table([]) == []
+
+
+HOSTILE_LINES = ['[]', '{"step": "7", "time": 1.0, "metrics": {}}', '{"step": 3, "metrics": []}', '"text"',
+                 '{"step": true, "time": 1.0, "metrics": {}}', '{"time": 1.0, "metrics": {"reward/mean": 1}}',
+                 '{"step": 41, "time": "soon", "metrics": {}}', '{"step": 40, "time": 1100.0, "metrics": '
+                 '{"reward/mean": "high", "entropy/token_mean": 0.6}}', '{"step": 2, "ti']
+
+
+def test_lines_of_another_shape_in_metrics_jsonl_are_skipped_by_every_reader(tmp_path):
+    """A valid-JSON line of the wrong shape crashed relayrl report and, through the display, the launcher."""
+    import io
+
+    from relayrl.cli.run.display import Display
+    from relayrl.cli.run.layout import RunLayout
+    from relayrl.trainer.metrics import read_metrics
+
+    make_run(tmp_path)
+    with open(tmp_path / "metrics.jsonl", "a") as handle:
+        handle.write("\n".join(HOSTILE_LINES))
+    records = read_metrics(tmp_path)
+    assert [record["step"] for record in records] == list(range(41))  # step 40 kept, its bad value dropped
+    assert records[-1]["metrics"] == {"entropy/token_mean": 0.6}
+    report = write_report(tmp_path)
+    assert report.summary["steps"] == 41
+    display = Display(RunLayout(tmp_path), total_steps=50, stream=io.StringIO(), interactive=False)
+    display.close()
+    assert "step 40/50" in display.stream.getvalue()

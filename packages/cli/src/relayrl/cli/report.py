@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import base64
 import html
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -38,15 +37,9 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         raise RelayrlError(f"{run_dir}: no metrics.jsonl (is this a relayrl run directory?)")
-    records: dict[int, dict[str, Any]] = {}
-    with open(path) as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            records[int(record["step"])] = record
-    return [records[step] for step in sorted(records)]
+    from relayrl.trainer.metrics import read_metrics
+
+    return read_metrics(run_dir)  # lines of another shape are skipped, never fatal
 
 
 def load_events(run_dir: Path) -> list[Any]:

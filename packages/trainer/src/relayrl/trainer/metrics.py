@@ -78,9 +78,27 @@ def read_metrics(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         return []
     with open(path) as handle:
         for line in handle:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a crash
-            records[int(record["step"])] = record
+            record = parse_metrics_line(line)
+            if record is not None:
+                records[record["step"]] = record
     return [records[step] for step in sorted(records)]
+
+
+def parse_metrics_line(line: str) -> dict[str, Any] | None:
+    """One line of ``metrics.jsonl`` as ``{"step": int, "time": float, "metrics": {name: number}}``; None
+    for a line cut short by a crash or of another shape (every reader skips it, none may crash on it:
+    the launcher's display reads this file). Values that are not numbers are dropped."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("metrics"), dict):
+        return None
+    step, when = record.get("step"), record.get("time", 0.0)
+    if isinstance(step, bool) or not isinstance(step, int) or isinstance(when, bool) or not isinstance(when, (int, float)):
+        return None
+    record["time"] = float(when)
+    # A value that is not a number (or None) is dropped; the step's other metrics stay.
+    record["metrics"] = {name: value for name, value in record["metrics"].items()
+                         if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))}
+    return record

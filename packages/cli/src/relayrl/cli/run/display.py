@@ -7,12 +7,12 @@ in place; otherwise (CI logs, ``| tee``) a line is printed every ``every_s`` sec
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from typing import IO, Any
 
 from relayrl.cli.run.layout import RunLayout
+from relayrl.trainer.metrics import parse_metrics_line
 
 __all__ = ["Display"]
 
@@ -53,9 +53,8 @@ class Display:
                 if not line.endswith("\n"):
                     break  # being written
                 self._offset += len(line.encode())
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
+                record = parse_metrics_line(line)
+                if record is None:
                     continue
                 self._last = record
                 if self._first_step is None:

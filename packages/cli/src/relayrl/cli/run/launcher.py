@@ -205,6 +205,7 @@ class Launcher:
         self.layout = layout
         self.config = config
         self.on_tick = on_tick
+        self._display_failed = False
         self.python = python
         self.stopping = threading.Event()
         self.trainer: Child | TrainerRanks | None = None
@@ -256,7 +257,13 @@ class Launcher:
         if self.stopping.is_set():
             raise KeyboardInterrupt
         self._write_pids()
-        self.on_tick()
+        try:
+            self.on_tick()
+        except Exception as exc:  # the display must never take the supervisor down with it
+            if not self._display_failed:
+                self._display_failed = True
+                print(f"relayrl run: the progress display failed ({type(exc).__name__}: {exc}); "
+                      "the run goes on", file=sys.stderr, flush=True)
 
     def _write_pids(self) -> None:
         """``status/launcher.json``: the pid of every live child (for operators, and the fault tests)."""
