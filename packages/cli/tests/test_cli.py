@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,22 @@ def test_bad_configs_get_one_line_naming_the_key_and_exit_2(tmp_path, capsys, te
     error = capsys.readouterr().err
     assert status == 2 and message in error, error
     assert error.startswith("relayrl: error: ") and error.count("\n") == 1 and "Traceback" not in error
+
+
+def test_a_path_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path, capsys):
+    """A file where a directory must go (the same error as a read-only place, for root too)."""
+    from relayrl.cli.main import main
+
+    examples = Path(__file__).resolve().parents[3] / "examples"
+    blocker = tmp_path / "file"
+    blocker.write_text("in the way")
+    run_dir = tmp_path / "run"
+    (run_dir).mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "time": 1.0, "metrics": {"reward/mean": 0.5}}\n')
+    cases = [["report", str(run_dir), "-o", str(blocker / "report")],
+             ["run", str(examples / "quickstart.toml"), "--run-dir", str(blocker / "run")]]
+    for argv in cases:
+        status = main(argv)
+        error = capsys.readouterr().err
+        assert status == 2 and error.startswith("relayrl: error: ") and error.count("\n") == 1, error
+        assert str(blocker) in error and "Not a directory" in error

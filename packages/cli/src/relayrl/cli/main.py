@@ -1,8 +1,9 @@
 """Entry point of the ``relayrl`` command.
 
 Every subcommand lives in its own module and exposes ``add_parser(subparsers)``. Errors that a
-user can fix (:class:`relayrl.core.errors.RelayrlError`) are printed as one line,
-``relayrl: error: ...``, with exit status 2; anything else is a bug and keeps its traceback.
+user can fix (:class:`relayrl.core.errors.RelayrlError`, and an ``OSError`` naming a path: read-only,
+a file in the way, no space) are printed as one line, ``relayrl: error: ...``, with exit status 2;
+anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -31,6 +32,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.handler(args) or 0)
     except RelayrlError as exc:
         print(f"relayrl: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user gave (a socket, a child): a bug, with its traceback
+            raise
+        # A path that cannot be created, read or written (read-only, a file in the way, no space).
+        print(f"relayrl: error: {exc.filename}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `relayrl plugins | head`
         return 0
