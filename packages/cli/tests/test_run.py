@@ -84,6 +84,13 @@ def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_re
     assert not any(alive(pid) for pid in children.values())
     stopped_at = len(read_metrics(run_dir))
     assert 5 <= stopped_at < 12
+    # The newest checkpoint is damaged while the run is stopped (no peer holds a copy): the resume
+    # falls back to the one before and says so.
+    newest = sorted(commit.with_suffix(".pt") for commit in (run_dir / "checkpoints").glob("step-*/rank-00000.commit"))[-1]
+    damaged_step = int(newest.parent.name.removeprefix("step-"))
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    newest.write_bytes(bytes(data))
 
     resumed = relayrl("run", "--resume", str(run_dir))
     output, _ = resumed.communicate(timeout=900)
@@ -95,7 +102,10 @@ def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_re
     kinds = [event.kind for event in events]
     assert "warmup" in kinds and "restart" in kinds and kinds.count("resumed") == 1
     resumed_event = next(event for event in events if event.kind == "resumed")
-    assert resumed_event.data["step"] >= stopped_at - 1  # the checkpoint of the last step or the one before
+    assert stopped_at - 2 <= resumed_event.data["step"] < damaged_step  # the one before the damaged one
+    discarded = [event for event in events if event.kind == "checkpoint" and event.level == "warning"]
+    assert discarded and damaged_step in discarded[0].data["discarded"], [event.message for event in events]
+    assert "failed verification" in output  # printed by the display
     last = records[-1]["metrics"]
     # Engines applied the trainer's weight updates in place (read from their /health every second).
     assert max(record["metrics"].get("fleet/engine_weight_updates", 0) for record in records) >= 2

@@ -85,6 +85,7 @@ def test_uncommitted_and_damaged_checkpoints_are_never_loaded(tmp_path):
     truncate_file(shard2)
     recovered = recover(checkpoints)
     assert recovered.step == 1 and same(recovered.state, state(1))
+    assert recovered.discarded == [2, 3]  # committed but damaged: the caller tells the user
 
 
 def test_lost_node_directory_is_rebuilt_from_a_peer(tmp_path):

@@ -31,6 +31,9 @@ class Recovered:
     """URL of the store the state was read from."""
     rebuilt_local: bool
     """The local copy was missing or damaged and was rewritten from a peer."""
+    discarded: list[int] = dataclasses.field(default_factory=list)
+    """Newer committed steps that verify on no replica (damaged everywhere): their training is redone,
+    and the caller should say so."""
 
 
 def _verifies_somewhere(step: int, replicas: Sequence[CheckpointStore], world_size: int) -> bool:
@@ -61,8 +64,10 @@ def recover(local: CheckpointStore, peers: Sequence[CheckpointStore] = (), *,
             continue  # an unreachable peer offers nothing
     if at_most is not None:
         candidates = {step for step in candidates if step <= at_most}
+    discarded: list[int] = []
     for step in sorted(candidates, reverse=True):
         if not _verifies_somewhere(step, replicas, local.world_size):
+            discarded.append(step)
             continue
         for replica in replicas:
             try:
@@ -73,5 +78,6 @@ def recover(local: CheckpointStore, peers: Sequence[CheckpointStore] = (), *,
             if rebuilt:
                 local.write(step, payload)
             state = torch.load(io.BytesIO(payload), weights_only=False, map_location="cpu")
-            return Recovered(step=step, state=state, source=replica.store.url, rebuilt_local=rebuilt)
+            return Recovered(step=step, state=state, source=replica.store.url, rebuilt_local=rebuilt,
+                             discarded=sorted(discarded))
     return None

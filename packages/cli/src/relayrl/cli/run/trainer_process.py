@@ -207,6 +207,11 @@ class TrainerProcess:
         self.consumed = Counter(state["consumed"])
         write_event(self.layout, "trainer", "resumed", f"resumed from the checkpoint of step {self.step} "
                     f"({recovered.source})", data={"step": self.step})
+        if recovered.discarded:  # the user must know that training was lost and is redone
+            steps = ", ".join(map(str, recovered.discarded))
+            write_event(self.layout, "trainer", "checkpoint", f"checkpoint(s) of step(s) {steps} failed verification "
+                        f"on every replica and were discarded: resumed from step {self.step}, the steps after it "
+                        "are trained again", level="warning", data={"step": self.step, "discarded": recovered.discarded})
 
     def _weights(self) -> dict[str, torch.Tensor] | None:
         """The whole model to publish, on the leader (None elsewhere); every rank must call it.
