@@ -34,6 +34,7 @@ import msgspec
 from relayrl.algo.evaluation import pass_at_k
 from relayrl.core.wire import Group, TaskSpec, Trajectory
 from relayrl.rollout.costs import trajectory_costs
+from relayrl.rollout.countdown import final_text
 from relayrl.rollout.manager import Grader, Harness, ToolsFactory, no_tools
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
@@ -70,14 +71,6 @@ class SampleRecord(msgspec.Struct, frozen=True, kw_only=True):
 FINAL_TEXT_CHARS = 300
 
 
-def _final_text(trajectory: Trajectory) -> str:
-    for segment in reversed(trajectory.segments):
-        for turn in reversed(segment.turns):
-            if turn.role == "assistant":
-                return (turn.text or "")[:FINAL_TEXT_CHARS]
-    return ""
-
-
 def split_tasks(environment: Any) -> tuple[list[TaskSpec], list[TaskSpec]]:
     """The environment's training and held-out tasks, with the held-out ones kept out of training.
 
@@ -112,7 +105,7 @@ def _record(trajectory: Trajectory, *, sample: int, seed: int, pass_threshold: f
         generated_tokens=costs.generated_tokens, turns=costs.turns, tool_calls=costs.tool_calls,
         tool_seconds=round(costs.tool_seconds, 4), generation_seconds=round(timings.generation_s, 4),
         wall_seconds=round(max(0.0, timings.finished_at - timings.started_at), 4),
-        versions=[min(versions), max(versions)] if versions else [], final_text=_final_text(trajectory),
+        versions=[min(versions), max(versions)] if versions else [], final_text=final_text(trajectory)[:FINAL_TEXT_CHARS],
         trajectory_id=trajectory.trajectory_id)
 
 
