@@ -283,3 +283,12 @@ def test_keep_conditions_are_parsed_never_executed(condition):
 
     with pytest.raises(RelayrlError, match="--keep"):
         parse_keep(condition)
+
+
+def test_the_evals_sandboxes_cannot_see_the_run_its_bus_or_the_evals_output(run_dir, tmp_path):
+    from relayrl.cli.evals.model import resolve_model
+    from relayrl.cli.evals.runner import _sandbox_section
+
+    model = resolve_model(f"{run_dir}@1", overrides=["store.url='file:///tmp/relayrl-elsewhere-bus'"], config_file=None)
+    hidden = _sandbox_section(model, tmp_path / "out").hide_paths
+    assert {str(run_dir.resolve()), "/tmp/relayrl-elsewhere-bus", str((tmp_path / "out").resolve())} <= set(hidden)

@@ -141,12 +141,17 @@ def _write_json(path: Path, data: Any) -> None:
     partial.replace(path)
 
 
-def _sandbox_section(config: Config, hidden: list[Path]) -> Any:
-    """The run's ``[sandbox]`` with the eval's output and the run directory hidden from every sandbox
-    (other samples' answers, weights and checkpoints are nothing an agent may read)."""
-    section = config.sandbox
-    paths = [*section.hide_paths, *(str(path) for path in hidden if str(path) not in section.hide_paths)]
-    return msgspec.structs.replace(section, hide_paths=paths)
+def _sandbox_section(model: EvalModel, out: Path) -> Any:
+    """The ``[sandbox]`` of the eval: a run's own (its directory and a local bus hidden, as in the run),
+    with the eval's output hidden too (other samples' answers are nothing an agent may read)."""
+    from relayrl.cli.run.layout import RunLayout
+
+    config = model.config
+    section = RunLayout(model.run_dir).sandbox_section(config) if model.run_dir is not None else config.sandbox
+    hidden = str(out.resolve())
+    if hidden in section.hide_paths:
+        return section
+    return msgspec.structs.replace(section, hide_paths=[*section.hide_paths, hidden])
 
 
 def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: Any = None) -> tuple[dict[str, Any], TaskSet]:
@@ -157,9 +162,8 @@ def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: Any = Non
         if not 1 <= k <= options.samples:
             raise RelayrlError(f"--k {k}: pass@k needs 1 <= k <= --samples ({options.samples})")
     out.mkdir(parents=True, exist_ok=True)
-    hidden = [out.resolve(), *([model.run_dir] if model.run_dir is not None else [])]
     task_set, environment = resolve_tasks(model.config, options.tasks, split=options.split, limit=options.limit,
-                                          sandbox=_sandbox_section(model.config, hidden), pm=pm)
+                                          sandbox=_sandbox_section(model, out), pm=pm)
     config = task_set.config
     spec = _spec(model, task_set, options)
     state = _load_state(out, spec)
