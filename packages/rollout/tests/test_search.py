@@ -90,7 +90,7 @@ def test_the_sandboxed_grader_agrees_with_the_reference_and_pays_no_cheat():
 def _harness(context_limit: int = 400) -> CodingAgent:
     return CodingAgent(AgentConfig(system_prompt="", max_turns=6, max_tokens_per_turn=128, max_total_tokens=512,
                                    context_limit=context_limit, summary_max_tokens=80, compaction_prompt="compact:",
-                                   summary_header="summary:"))
+                                   summary_header="summary:", show_tool_time=False))
 
 
 @pytest.mark.parametrize("context_limit", [1000, 330])
@@ -105,20 +105,22 @@ def test_the_expert_solves_every_task_through_real_sandboxes(context_limit):
         return [(await environment.grade(task, [trajectory], [""]))[0] for task, trajectory in zip(tasks, trajectories)]
 
     graded = asyncio.run(grade())
-    assert [trajectory.reward for trajectory in graded] == [1.0] * len(tasks)
+    failed = [(task.task_id, trajectory.reward, final_answer(trajectory), trajectory.metrics)
+              for task, trajectory in zip(tasks, graded) if trajectory.reward != 1.0]
+    assert not failed, failed
     calls = [len(turn.tool_calls) for trajectory in trajectories for segment in trajectory.segments
              for turn in segment.turns if turn.role == "assistant"]
     assert sum(calls) >= 2 * len(tasks) and max(calls) >= 2  # every identifier searched; some turns in parallel
     results = [result for trajectory in trajectories for segment in trajectory.segments for turn in segment.turns
                for result in turn.tool_results]
-    assert results and all(result.exit_status == 0 and result.wall_time_s > 0 for result in results)
+    assert results and all(result.exit_status == 0 and result.wall_time_s > 0 for result in results), results
     compacted = [trajectory for trajectory in trajectories if trajectory.metrics["compactions"] > 0]
     if context_limit < 400:
         assert compacted and all(len(trajectory.segments) >= 2 for trajectory in compacted)
         assert any("summary:" in TOKENIZER.decode(tokens) for trajectory in compacted
                    for tokens, _ in iter_segments(trajectory))
     else:
-        assert not compacted
+        assert not compacted, [trajectory.metrics for trajectory in compacted]
     for trajectory in trajectories:  # trained tokens are exactly the generated ones
         for tokens, trained in iter_segments(trajectory):
             assert len(tokens) == len(trained) and any(trained) and not all(trained)
