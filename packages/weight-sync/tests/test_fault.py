@@ -129,14 +129,21 @@ def _run_kills(url: str, kills: int, max_delay_s: float, seed: int) -> None:
     newest_seen = []
     zygote = Zygote(url)
     try:
+        stalled = 0
         for iteration in range(kills):
             pid = zygote.fork_publisher()
+            if stalled >= 4:  # a loaded machine: let this one commit a version before it dies, so the run progresses
+                before = newest_seen[-1] if newest_seen else None
+                deadline = time.monotonic() + 10
+                while WeightBus(store).read_latest_pointer() in (None, before) and time.monotonic() < deadline:
+                    time.sleep(0.01)
             time.sleep(rng.uniform(0.0, max_delay_s))
             _kill_and_wait(pid)
             newest, debris = _check_store(store)
             debris_seen += debris
             pointer = WeightBus(store).read_latest_pointer()
             lagging_pointer += pointer is not None and newest is not None and pointer < newest
+            stalled = stalled + 1 if newest_seen and newest == newest_seen[-1] else 0
             newest_seen.append(newest)
             if iteration % 20 == 19 and newest is not None:
                 fresh = _engine()
