@@ -18,7 +18,7 @@ from relayrl.weight_sync import (
     needed_versions,
 )
 from relayrl.weight_sync.codecs import DEFAULT_DELTA_CODEC
-from relayrl.weight_sync.errors import WeightSyncError
+from relayrl.weight_sync.errors import ConcurrentWriter, WeightSyncError
 from relayrl.weight_sync.testing.models import SMALL_SIZES as SIZES
 from relayrl.weight_sync.testing.models import engine_equals
 from relayrl.weight_sync.testing.models import small_state as state
@@ -145,13 +145,59 @@ class CorruptingEngine(StateDictAdapter):
         self.tensors["embed"][0] ^= 1
 
 
-def test_a_mismatch_after_apply_is_an_error_and_leaves_the_version_unknown(store):
+def test_a_mismatch_after_apply_is_an_error_and_leaves_the_engine_paused_with_its_version_unknown(store):
     publisher = Publisher(store, keep_versions=0)
     engine = CorruptingEngine({name: np.zeros(size, np.uint16) for name, size in SIZES.items()})
     publish(publisher, 1)
+    controller = Controller(store, engine)
     with pytest.raises(BitMismatch, match="version 1"):
-        Controller(store, engine).poll_once()
-    assert engine.served_version() is None and not engine._paused
+        controller.poll_once()
+    assert engine.served_version() is None and engine._paused and controller.held_paused
+
+
+class FailingEngine(StateDictAdapter):
+    """Raises partway through an apply (an engine's loader failing, a device error), after writing some tensors."""
+
+    fail_after: int | None = None
+
+    def _partial(self, apply, items):
+        for index, (name, bits) in enumerate(items.items()):
+            if self.fail_after is not None and index == self.fail_after:
+                raise RuntimeError(f"loader failed at {name}")
+            apply({name: bits})
+
+    def apply_tensors(self, tensors):
+        self._partial(super().apply_tensors, tensors)
+
+    def apply_xor(self, deltas):
+        self._partial(super().apply_xor, deltas)
+
+
+@pytest.mark.parametrize("apply_mode", ["copy", "xor"])
+def test_an_apply_that_raises_partway_never_serves_mixed_bits_and_heals_from_a_snapshot(store, apply_mode):
+    publisher = Publisher(store, keep_versions=0)
+    engine = FailingEngine({name: np.zeros(size, np.uint16) for name, size in SIZES.items()})
+    controller = Controller(store, engine, apply_mode=apply_mode)
+    publish(publisher, 1)
+    controller.poll_once()
+    publish(publisher, 2)
+    engine.fail_after = 1
+    with pytest.raises(WeightSyncError, match="applying version 2 failed .*loader failed.*stays paused"):
+        controller.poll_once()
+    # Half old, half new: the engine must not serve it under version 1's number, nor at all.
+    assert not engine_equals(engine, state(1)) and not engine_equals(engine, state(2))
+    assert engine.served_version() is None and engine._paused and controller.held_paused
+    with pytest.raises(WeightSyncError, match="failed"):  # still failing: still paused, still unknown
+        controller.poll_once()
+    assert engine._paused and engine.served_version() is None
+    engine.fail_after = None
+    report = controller.poll_once()
+    assert (report.route, report.previous, report.version) == ("snapshot", None, 2)
+    assert engine_equals(engine, state(2)) and engine.served_version() == 2
+    assert not engine._paused and not controller.held_paused
+    publish(publisher, 3)  # back to deltas
+    assert controller.poll_once().route == "delta" and engine_equals(engine, state(3))
+    publisher.close()
 
 
 def test_an_engine_with_other_tensors_is_refused_by_name(store):
@@ -306,7 +352,7 @@ def test_an_ambiguous_manifest_write_does_not_wedge_the_publisher(store):
     # A manifest of an attempt that is not this publisher's is still another writer: refused.
     other = Publisher(store, keep_versions=0, first_version=4)
     other.publish(state(4), step=40)
-    with pytest.raises(WeightSyncError, match="committed by another publisher"):
+    with pytest.raises(ConcurrentWriter, match="committed by another publisher"):
         other.close()  # waits for the publish, and re-raises its error
 
 

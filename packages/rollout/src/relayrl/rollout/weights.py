@@ -82,6 +82,7 @@ class ShadowAdapter(StateDictAdapter):
         engines whose loaders repack groups of tensors together and cannot take a partial set)."""
         self.pushes = 0
         self._changed: set[str] = set()
+        self._push_all = False
 
     def pause(self) -> None:
         self.target.pause()
@@ -100,13 +101,17 @@ class ShadowAdapter(StateDictAdapter):
     def set_served_version(self, version: int | None) -> None:
         self.version = version
         if version is None:
-            # The shadow no longer matches a known version (a failed verify); the engine still
-            # serves its old weights. The controller's next update is a snapshot, pushed whole.
+            # A failed apply or push: the shadow, the engine or both hold bits of no known version (a
+            # push can fail partway). The controller keeps the engine paused; its next update is a
+            # snapshot into the shadow, pushed whole to the engine.
+            self._push_all = True
             return
         # Also when nothing changed: the engine must stamp its tokens with the new version.
-        names = sorted(self.tensors) if self.push == "all" else sorted(self._changed)
+        everything = self.push == "all" or self._push_all
+        names = sorted(self.tensors) if everything else sorted(self._changed)
         self.target.apply_named_tensors({name: self.tensors[name] for name in names}, version)
         self._changed.clear()
+        self._push_all = False
         self.pushes += 1
 
     def reset_caches(self) -> None:

@@ -13,14 +13,14 @@ from relayrl.weight_sync.codecs import Codec, codec_registry, make_codec
 from relayrl.weight_sync.config import WeightSyncSection
 from relayrl.weight_sync.controller import ApplyReport, Controller, Plan, plan_route
 from relayrl.weight_sync.engine import EngineAdapter, StateDictAdapter
-from relayrl.weight_sync.errors import BitMismatch, VersionUnavailable, WeightSyncError
+from relayrl.weight_sync.errors import BitMismatch, ConcurrentWriter, VersionUnavailable, WeightSyncError
 from relayrl.weight_sync.layout import WeightBus
 from relayrl.weight_sync.mirror import MirrorReport, NodeMirror
 from relayrl.weight_sync.publisher import Publisher, PublishReport
 from relayrl.weight_sync.retention import apply_retention, needed_versions
 
 __all__ = [
-    "ApplyReport", "BitMismatch", "Codec", "Controller", "EngineAdapter", "MirrorReport", "NodeMirror", "Plan",
+    "ApplyReport", "BitMismatch", "Codec", "ConcurrentWriter", "Controller", "EngineAdapter", "MirrorReport", "NodeMirror", "Plan",
     "PublishReport", "Publisher", "StateDictAdapter", "VersionUnavailable", "WeightBus", "WeightSyncError",
     "WeightSyncSection", "apply_retention", "codec_registry", "make_codec", "needed_versions", "plan_route",
 ]

@@ -14,13 +14,16 @@ delta anywhere on the route shows there; intermediate versions are not hashed, s
 deltas in place touches only the changed elements). Only then does it
 pause the engine, apply (copy or XOR in place), verify the engine's bits again, set the served
 version and resume. Any failure before the pause leaves the engine untouched and retries by the
-snapshot route; a mismatch after the apply re-applies the verified staged bits, and failing that
-marks the engine's version unknown so the next update bootstraps it from a snapshot.
+snapshot route; a mismatch after the apply re-applies the verified staged bits. An apply that
+raises partway, or bits that still differ, leave the engine paused with its version unknown: it never
+serves a mix of two versions under the old one's number, and the next update rewrites every tensor
+from a snapshot, then resumes it (:attr:`Controller.held_paused`).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -167,6 +170,9 @@ class Controller:
         self._staging: dict[str, np.ndarray] = {}
         self.reports: collections.deque[ApplyReport] = collections.deque(maxlen=256)
         """The most recent updates' reports, oldest first."""
+        self.held_paused = False
+        """True while an apply that failed partway left the engine paused: its bits are a mix of two
+        versions, so it serves nothing until an update (then from a snapshot) succeeds."""
 
     @classmethod
     def from_config(cls, store: Store, engine: EngineAdapter, section: WeightSyncSection, **overrides: Any) -> Controller:
@@ -289,7 +295,12 @@ class Controller:
                 current = self.engine.read_bits(name)
                 np.bitwise_xor(staged, current, out=staged)
         paused_at = time.perf_counter()
-        self.engine.pause()
+        if not self.held_paused:
+            self.engine.pause()
+        # From here until the new version is recorded the engine's bits are in flux: if anything
+        # fails, it stays paused with an unknown version (never serving a mix of two versions
+        # under the old one's number) and the next update rewrites every tensor from a snapshot.
+        self.held_paused = True
         try:
             start = time.perf_counter()
             if self.apply_mode == "xor":
@@ -302,15 +313,19 @@ class Controller:
                 if self.apply_mode == "copy":
                     self.engine.apply_tensors(self._staging)
                 if self.apply_mode == "xor" or not self._engine_matches(target):
-                    self.engine.set_served_version(None)
-                    raise BitMismatch(f"engine bits differ from version {target.version} after applying it; "
-                                      f"its version is now unknown and the next update loads a snapshot")
+                    raise BitMismatch(f"engine bits differ from version {target.version} after applying it")
             verify_s = time.perf_counter() - start
             self.engine.set_served_version(target.version)
             if self.reset_caches_on_apply:
                 self.engine.reset_caches()
-        finally:
-            self.engine.resume()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self.engine.set_served_version(None)
+            kind = type(exc) if isinstance(exc, WeightSyncError) else WeightSyncError  # BitMismatch stays one
+            raise kind(f"applying version {target.version} failed ({type(exc).__name__}: {exc}); the engine stays "
+                       f"paused with an unknown version until an update from a snapshot succeeds") from exc
+        self.held_paused = False
+        self.engine.resume()
         return time.perf_counter() - paused_at, apply_s, verify_s
 
     def _engine_matches(self, manifest: WeightManifest) -> bool:

@@ -15,3 +15,10 @@ class BitMismatch(WeightSyncError):
 
 class VersionUnavailable(WeightSyncError):
     """No complete version (or no usable chain of versions) is available in the store."""
+
+
+class ConcurrentWriter(WeightSyncError):
+    """Another publisher committed a version this one was writing: two trainers share one bus.
+
+    Retrying cannot help (the other writer keeps going); a supervisor stops instead of restarting.
+    """

@@ -31,7 +31,7 @@ from relayrl.core.wire import TensorEntry, WeightManifest
 from relayrl.weight_sync import bits as tensor_bits
 from relayrl.weight_sync.codecs import DEFAULT_DELTA_CODEC, DEFAULT_FULL_CODEC, Codec, Encoded, EncodeItem, make_codec
 from relayrl.weight_sync.config import WeightSyncSection
-from relayrl.weight_sync.errors import WeightSyncError
+from relayrl.weight_sync.errors import ConcurrentWriter, WeightSyncError
 from relayrl.weight_sync.layout import WeightBus, new_manifest
 from relayrl.weight_sync.parallel import ChunkPool
 from relayrl.weight_sync.retention import apply_retention
@@ -373,7 +373,7 @@ class Publisher:
                         existing.metadata.get("attempt") != manifest.metadata["attempt"]:
                     raise _EarlierAttemptCommitted(manifest.version)
                 if existing.metadata.get("attempt") != manifest.metadata["attempt"]:
-                    raise WeightSyncError(f"version {manifest.version} was committed by another publisher "
+                    raise ConcurrentWriter(f"version {manifest.version} was committed by another publisher "
                                           f"(attempt {existing.metadata.get('attempt')}); is a second trainer writing "
                                           f"to {self.bus.store.url}/{self.bus.prefix}?")
             self._point_latest(manifest.version)
