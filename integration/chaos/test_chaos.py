@@ -2,7 +2,8 @@
 
 The run must reach its last step (the launcher restarts whatever dies: the trainer resumes from its
 newest checkpoint, the engine bootstraps its weights from the bus, the rollout manager continues its
-segment sequence) and, read back from the bus, the ledger and the final checkpoint, every committed
+segment sequence); last the launcher itself is SIGKILLed and ``--resume`` takes the run over at
+once while a second launcher is refused; and, read back from the bus, the ledger and the final checkpoint, every committed
 group the trainer consumed was trained on exactly once or dropped by a policy with its reason
 (relayrl.cli.run.ledger.verify_run).
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from relayrl.cli.report import load_events
 from relayrl.cli.run.ledger import verify_run
+from relayrl.core.store import open_store
 from relayrl.trainer.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +35,15 @@ SHORT = ["--set", "trainer.warmup.steps=5", "--set", "rollout.environment_option
 # Which process dies when the trainer has completed how many steps (each victim at least once).
 KILLS = [(4, "trainer"), (8, "engine-0"), (12, "rollout"), (16, "trainer"), (20, "engine-0"), (23, "rollout"),
          (25, "trainer")]
+LAUNCHER_KILL_AT = 27
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_quickstart_under_random_kills_consumes_every_group_exactly_once(tmp_path):
@@ -56,11 +67,30 @@ def test_quickstart_under_random_kills_consumes_every_group_exactly_once(tmp_pat
                     killed.append(victim)
                     pending.pop(0)
             time.sleep(0.2)
+        # Last, the launcher itself (its children die with it); --resume takes its lease over at once.
+        while len(read_metrics(run_dir)) < LAUNCHER_KILL_AT and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(rng.uniform(0.0, 0.6))
+        orphans = json.loads((run_dir / "status" / "launcher.json").read_text())["children"]
+        run.kill()
+        output, _ = run.communicate(timeout=60)
+        resumed = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "run", "--resume", str(run_dir), "--no-report"],
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        run = resumed
+        # A second launcher on the same run (a scheduler's retry) is refused in one line and changes nothing.
+        bus = open_store(str(run_dir))
+        while run.poll() is None and json.loads(bus.get(bus.list("lease/")[-1]))["pid"] != resumed.pid:
+            time.sleep(0.2)
+        second = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", "--resume", str(run_dir)],
+                                capture_output=True, text=True, env=env, timeout=120)
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert f"is in use by launcher pid {resumed.pid}" in second.stderr and len(second.stderr.splitlines()) == 1
         output, _ = run.communicate(timeout=max(60.0, deadline - time.monotonic()))
     finally:
         if run.poll() is None:
             run.kill()
     assert run.returncode == 0, output[-5000:]
+    assert not [name for name, pid in orphans.items() if alive(pid)]  # they died with their launcher
     assert sorted(set(killed)) == ["engine-0", "rollout", "trainer"] and len(killed) == len(KILLS), killed
 
     restarts = [event for event in load_events(run_dir) if event.kind == "restart"]

@@ -128,6 +128,7 @@ BAD_INPUTS = [
     ("", ["algo.optimizer.lr=nan"], "algo.optimizer.lr: must be a finite number > 0"),
     ("", ["trainer.warmup.lr=inf"], "trainer.warmup.lr: must be a finite number > 0"),
     ("[model]\npath = '/nonexistent/model'\n", [], "model.path: /nonexistent/model is not a model directory"),
+    ("", ["run.lease_ttl_s=0"], "run.lease_ttl_s: must be a finite number of seconds > 0"),
 ]
 
 

@@ -28,6 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from relayrl.cli.run.display import Display
     from relayrl.cli.run.launcher import Launcher
     from relayrl.cli.run.layout import RunLayout
+    from relayrl.cli.run.lease import RunLease
     from relayrl.core.config import ConfigError, load_config
     from relayrl.core.plugins import get_plugin_manager
 
@@ -49,18 +50,26 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{layout.root} already holds a run: continue it with --resume {layout.root}, "
                               "or choose another --run-dir")
     _preflight(config, pm)
-    layout.create(config.raw)
-
-    display = Display(layout, total_steps=config.trainer.steps)
-    launcher = Launcher(layout, config, on_tick=display.tick)
-    previous = {signum: signal.signal(signum, lambda *_: launcher.stop()) for signum in (signal.SIGINT, signal.SIGTERM)}
-    print(f"run directory: {layout.root}  (logs in {layout.logs})", flush=True)
+    # One launcher per run, taken before anything in the run directory or on its bus is written.
+    lease = RunLease(layout.bus(config), ttl_s=config.run.lease_ttl_s, where=f"run {layout.root}")
+    lease.acquire()
     try:
-        status = launcher.run()
+        if not args.resume and layout.exists():  # another launcher created it while this one started
+            raise ConfigError(f"{layout.root} already holds a run: continue it with --resume {layout.root}")
+        layout.create(config.raw)
+        display = Display(layout, total_steps=config.trainer.steps)
+        launcher = Launcher(layout, config, on_tick=display.tick, lease=lease)
+        previous = {signum: signal.signal(signum, lambda *_: launcher.stop())
+                    for signum in (signal.SIGINT, signal.SIGTERM)}
+        print(f"run directory: {layout.root}  (logs in {layout.logs})", flush=True)
+        try:
+            status = launcher.run()
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+            display.close()
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        display.close()
+        lease.release()
     if status == 0 and not args.no_report:
         _report(layout.root)
     if status == 130:

@@ -71,8 +71,13 @@ class RunSection(Section):
     """Seed for every random generator in every process of the run."""
     deterministic: bool = False
     """Bitwise-reproducible training (slower kernels); see ``relayrl.algo.determinism``."""
+    lease_ttl_s: float = 60.0
+    """One launcher per run: a launcher on another host whose lease heartbeat is older than this is
+    taken for dead (one on this host is checked directly); the heartbeat runs every ``lease_ttl_s / 6``."""
 
     def check(self, pm: Any, path: str) -> None:
+        if not self.lease_ttl_s > 0 or self.lease_ttl_s == float("inf"):
+            raise ConfigError(f"{path}.lease_ttl_s: must be a finite number of seconds > 0, got {self.lease_ttl_s}")
         # The default run directory is runs/<name>: a name that is empty or walks out of runs/ is refused.
         if not self.name.strip() or self.name in (".", "..") or any(sep in self.name for sep in ("/", "\\")):
             raise ConfigError(f"{path}.name: {self.name!r} is not a plain directory name (no '/', not '..' or empty)")

@@ -13,6 +13,10 @@ producer continues its segment sequence); a trainer that dies abnormally is rest
 from its newest complete checkpoint. Each role has ``[rollout] max_restarts`` restarts. The run ends
 when the trainer exits cleanly (``[trainer] steps`` reached, or stopped). A trainer of ``[trainer]
 ranks`` > 1 is one process per rank, supervised as one (:class:`TrainerRanks`).
+
+One launcher per run: the launcher holds the run's lease (:mod:`relayrl.cli.run.lease`) and hands its
+generation to every child. A launcher whose lease a newer one took over stops its fleet, and a child
+that finds itself fenced exits with ``EXIT_FENCED``, which is never restarted.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import IO, Any
 
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
+from relayrl.cli.run.lease import EXIT_FENCED, FENCE_ENV, RunLease
 from relayrl.core.config import Config
 from relayrl.core.errors import RelayrlError
 
@@ -189,6 +194,15 @@ class TrainerRanks:
             child.wait(min(timeout_s, 30))  # they stop once the leader has told them to (or died)
 
 
+def _command_line(pid: int) -> str:
+    """The command line of a live process ('' when it is gone, a zombie, or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def _free_port() -> int:
     import socket
 
@@ -201,8 +215,11 @@ class Launcher:
     """Runs one ``relayrl run`` (see the module docstring)."""
 
     def __init__(self, layout: RunLayout, config: Config, *, on_tick: Callable[[], None] = lambda: None,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, lease: RunLease | None = None) -> None:
         self.layout = layout
+        self.lease = lease
+        """The run's lease, taken by the caller; the launcher keeps it beating while it runs."""
+        self.lost_lease: str | None = None
         self.config = config
         self.on_tick = on_tick
         self._display_failed = False
@@ -219,6 +236,8 @@ class Launcher:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         env["PYTHONUNBUFFERED"] = "1"
+        if self.lease is not None and self.lease.generation is not None:
+            env[FENCE_ENV] = str(self.lease.generation)
         return env
 
     def _trainer_child(self) -> Child | TrainerRanks:
@@ -292,12 +311,42 @@ class Launcher:
             self._tick()
             time.sleep(0.2)
 
+    def _wait_for_previous_children(self, grace_s: float = 120.0) -> None:
+        """Let the children of a killed launcher of this run finish before ours start.
+
+        They got SIGTERM when it died and may still be writing a step's checkpoint; a trainer
+        started now would recover from the step before. After ``grace_s`` they are killed. Only
+        processes whose command line names this run directory are waited for (pids get reused).
+        """
+        previous = self.layout.read_status("launcher")
+        if previous.get("pid") == os.getpid():
+            return
+        pids = [pid for pid in previous.get("children", {}).values()
+                if isinstance(pid, int) and str(self.layout.root) in _command_line(pid)]
+        if not pids:
+            return
+        print(f"waiting for {len(pids)} process(es) of the previous launcher of this run to exit", flush=True)
+        deadline = time.monotonic() + grace_s
+        while pids and time.monotonic() < deadline:
+            time.sleep(0.2)
+            pids = [pid for pid in pids if str(self.layout.root) in _command_line(pid)]
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        if pids:
+            write_event(self.layout, "launcher", "orphans", f"killed {len(pids)} process(es) of the previous launcher "
+                        f"still running after {grace_s:.0f} s", level="warning", data={"pids": pids})
+
     # ------------------------------------------------------------------ the run
     def run(self) -> int:
         """Start everything, supervise until the trainer finishes; return the trainer's exit status."""
         write_event(self.layout, "launcher", "started", f"run started in {self.layout.root}")
+        self._wait_for_previous_children()
         for name in ("rollout", "launcher"):  # a previous launch's views would be read as current
             (self.layout.status / f"{name}.json").unlink(missing_ok=True)
+        if self.lease is not None:
+            self.lease.on_lost = self._lease_lost
+            self.lease.start_heartbeat()
         try:
             self.trainer = self._trainer_child()
             self.trainer.start()
@@ -311,6 +360,9 @@ class Launcher:
             self.rollout.start()
             return self._supervise()
         except KeyboardInterrupt:
+            if self.lost_lease is not None:
+                write_event(self.layout, "launcher", "lease-lost", self.lost_lease, level="error")
+                raise RunFailed(self.lost_lease) from None
             write_event(self.layout, "launcher", "stopped", "stopped by the user")
             return 130
         finally:
@@ -325,6 +377,10 @@ class Launcher:
             if status == 0:
                 write_event(self.layout, "launcher", "finished", "the trainer finished")
                 return 0
+            for child in (self.trainer, self.rollout):
+                if child.poll() == EXIT_FENCED:  # restarting it would only be fenced again
+                    raise RunFailed(f"{child.name} stopped: another launcher took over this run "
+                                    f"(see {child.log_path})")
             if status is not None:
                 self.trainer = self._restart(self.trainer, limit, self._trainer_child)
             for index, engine in enumerate(self.engines):
@@ -369,4 +425,10 @@ class Launcher:
 
     def stop(self) -> None:
         """Ask the run to stop (from a signal handler)."""
+        self.stopping.set()
+
+    def _lease_lost(self, reason: str) -> None:
+        """From the lease's heartbeat thread: a newer launcher runs this run now; stop ours."""
+        self.lost_lease = reason
+        print(f"relayrl run: {reason}", file=sys.stderr, flush=True)
         self.stopping.set()

@@ -41,6 +41,7 @@ from relayrl.algo.determinism import enable_determinism, rng_state, seed_everyth
 from relayrl.buffer import Buffer
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
+from relayrl.cli.run.lease import EXIT_FENCED, LeaseLost, check_fence
 from relayrl.cli.run.ledger import LedgerWriter
 from relayrl.cli.run.ranks import Decision, Ranks
 from relayrl.core.config import Config
@@ -53,7 +54,7 @@ from relayrl.rollout.manager import read_fleet_counters, write_progress
 from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
 from relayrl.trainer.metrics import MetricsWriter
 from relayrl.trainer.warmup import MaskedExample, supervised_warmup
-from relayrl.weight_sync import Publisher
+from relayrl.weight_sync import ConcurrentWriter, Publisher
 
 __all__ = ["TrainerProcess", "main"]
 
@@ -312,6 +313,8 @@ class TrainerProcess:
             self.checkpointer.save(self.step, {"step": self.step, "trainer": self.trainer.state_dict(),
                                                "rng": rng_state()})
             return
+        # Nothing of this step is committed (weights, ledger, checkpoint) once a newer launcher runs the run.
+        check_fence(self.bus)
         batch, self._batch = self._batch, None
         for ref in [item.ref for item in batch.groups] + [item.ref for item in batch.dropped]:
             self.consumed[ref.producer_id] += 1
@@ -420,7 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         # Only the leader decides to stop (after its step and checkpoint); the other ranks follow it.
         signal.signal(signum, (lambda *_: process.stop.set()) if ranks.leader else signal.SIG_IGN)
-    return process.run()
+    try:
+        return process.run()
+    except (LeaseLost, ConcurrentWriter) as exc:  # a second writer on this run's bus: restarting cannot help
+        print(f"trainer: {exc}", file=sys.stderr, flush=True)
+        return EXIT_FENCED
 
 
 if __name__ == "__main__":
