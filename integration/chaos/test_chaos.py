@@ -23,6 +23,7 @@ from relayrl.cli.report import load_events
 from relayrl.cli.run.ledger import verify_run
 from relayrl.core.store import open_store
 from relayrl.trainer.metrics import read_metrics
+from relayrl.weight_sync import WeightBus
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 30
@@ -35,7 +36,30 @@ SHORT = ["--set", "trainer.warmup.steps=5", "--set", "rollout.environment_option
 # Which process dies when the trainer has completed how many steps (each victim at least once).
 KILLS = [(4, "trainer"), (8, "engine-0"), (12, "rollout"), (16, "trainer"), (20, "engine-0"), (23, "rollout"),
          (25, "trainer")]
+# Before these kills, damage on disk: the snapshot the engine must bootstrap from (the trainer
+# republishes a fresh one when the engine asks), and the trainer's newest checkpoint (it resumes
+# from the one before).
+CORRUPT = {8: "weights", 16: "checkpoint"}
 LAUNCHER_KILL_AT = 27
+
+
+def flip_bytes(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    for offset in (len(data) // 3, len(data) // 2):
+        data[offset] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def corrupt(run_dir: Path, what: str) -> str:
+    if what == "weights":
+        bus = WeightBus(open_store(str(run_dir)))
+        snapshot = bus.read_manifest(bus.newest_version(), cached=False).snapshot
+        for key in {entry.object_key for entry in bus.read_manifest(snapshot, cached=False).tensors}:
+            flip_bytes(run_dir / key)
+        return f"snapshot {snapshot}"
+    newest = sorted(run_dir.glob("checkpoints/step-*/rank-00000.commit"))[-1].with_suffix(".pt")
+    flip_bytes(newest)
+    return str(newest.relative_to(run_dir))
 
 
 def alive(pid: int) -> bool:
@@ -63,6 +87,8 @@ def test_quickstart_under_random_kills_consumes_every_group_exactly_once(tmp_pat
                 time.sleep(rng.uniform(0.0, 0.6))  # anywhere in the step: mid-forward, mid-checkpoint-write ...
                 children = json.loads((run_dir / "status" / "launcher.json").read_text())["children"]
                 if victim in children:
+                    if at in CORRUPT:
+                        print(f"step {at}: corrupted {corrupt(run_dir, CORRUPT[at])}, killing {victim}")
                     os.kill(children[victim], signal.SIGKILL)
                     killed.append(victim)
                     pending.pop(0)
@@ -93,6 +119,8 @@ def test_quickstart_under_random_kills_consumes_every_group_exactly_once(tmp_pat
     assert not [name for name, pid in orphans.items() if alive(pid)]  # they died with their launcher
     assert sorted(set(killed)) == ["engine-0", "rollout", "trainer"] and len(killed) == len(KILLS), killed
 
+    # The engine could not verify the damaged snapshot, asked for a repair and got a fresh one.
+    assert "asked the publisher for a fresh snapshot" in (run_dir / "logs" / "engine-0.log").read_text()
     restarts = [event for event in load_events(run_dir) if event.kind == "restart"]
     assert len(restarts) == len(killed)
     assert [record["step"] for record in read_metrics(run_dir)] == list(range(1, STEPS + 1))

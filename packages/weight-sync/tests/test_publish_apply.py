@@ -12,6 +12,7 @@ from relayrl.weight_sync import (
     Controller,
     Publisher,
     StateDictAdapter,
+    VersionUnavailable,
     WeightBus,
     WeightSyncSection,
     apply_retention,
@@ -569,4 +570,68 @@ def test_explicit_version_numbers_may_skip_and_deltas_chain_over_the_gaps(store)
     assert Controller(store, late).poll_once().route == "snapshot" and engine_equals(late, state(6))
     with pytest.raises(WeightSyncError, match="next version is 7"):
         publisher.publish(state(5), version=5)
+    publisher.close()
+
+
+def _flip_two_bytes(store, key: str) -> None:
+    """Damage an object on disk as bad media or a buggy copy would (its checksum no longer matches)."""
+    path = store._path(key)
+    with open(path, "r+b") as handle:
+        data = bytearray(handle.read())
+        for offset in (len(data) // 3, len(data) // 2):
+            data[offset] ^= 0x5A
+        handle.seek(0)
+        handle.write(bytes(data))
+
+
+def _object_of(store, version: int) -> str:
+    return WeightBus(store).read_manifest(version, cached=False).tensors[0].object_key
+
+
+@pytest.mark.parametrize("damaged", ["snapshot object", "delta object", "delta manifest", "snapshot manifest"])
+def test_a_corrupt_weight_object_is_repaired_by_a_fresh_snapshot_not_retried_forever(store, damaged):
+    publisher = Publisher(store, keep_versions=0, snapshot_every_versions=50)
+    publish(publisher, 1, 2, 3)
+    running = fresh_engine()
+    running_controller = Controller(store, running)
+    running_controller.update_to(2)  # an engine already serving, one version behind
+    bus = WeightBus(store)
+    key = {"snapshot object": _object_of(store, 1), "delta object": _object_of(store, 3),
+           "delta manifest": bus.manifest_key(3), "snapshot manifest": bus.manifest_key(1)}[damaged]
+    _flip_two_bytes(store, key)
+    new = fresh_engine()
+    controller = Controller(store, new, reporter="engine-7")
+    with pytest.raises(VersionUnavailable, match="version 3: no route verifies.*asked the publisher"):
+        controller.poll_once()
+    requests = bus.repair_requests()
+    assert requests and requests[0].endswith("0000000003-engine-7") and publisher.repair_requested()
+    assert controller.poll_once() is None and controller.broken == 3  # no refetch of the same broken chain
+    assert new.served_version() is None and not new._paused  # failed before the pause: untouched
+    if damaged in ("delta object", "delta manifest"):  # the running engine cannot reach 3 either
+        with pytest.raises(WeightSyncError):
+            running_controller.poll_once()
+    publish(publisher, 4)  # the trainer's next publish answers the request: a full snapshot
+    assert publisher.last_report.kind == "full" and not bus.repair_requests()
+    for engine, follower in ((new, controller), (running, running_controller)):
+        report = follower.poll_once()
+        assert report.version == 4 and engine_equals(engine, state(4)) and follower.broken is None
+    publish(publisher, 5)  # and deltas again
+    assert publisher.last_report.kind == "delta" and controller.poll_once().route == "delta"
+    publisher.close()
+
+
+def test_a_corrupt_bridge_needs_no_repair_the_snapshot_route_is_intact(store):
+    publisher = Publisher(store, keep_versions=0, snapshot_every_versions=3)
+    publish(publisher, 1, 2, 3)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    controller.update_to(3)
+    publish(publisher, 4)  # a snapshot, with a bridge delta from 3
+    manifest = WeightBus(store).read_manifest(4, cached=False)
+    assert manifest.kind == "full"
+    bridge = WeightBus(store).read_bridge(manifest)
+    _flip_two_bytes(store, bridge.tensors[0].object_key)
+    report = controller.poll_once()
+    assert report.route == "snapshot" and report.retried and engine_equals(engine, state(4))
+    assert not WeightBus(store).repair_requests()
     publisher.close()

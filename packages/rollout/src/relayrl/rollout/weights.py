@@ -136,10 +136,11 @@ def adapter_for(engine: Any) -> EngineAdapter:
 def start_controller(engine: Any, store: Store, *, prefix: str = "weights", poll_interval_s: float = 0.5,
                      **options: Any) -> tuple[Controller, threading.Event, threading.Thread]:
     """Run a controller for ``engine`` on ``store`` in a daemon thread; set the event to stop it."""
+    name = getattr(engine, "engine_id", "engine")
+    options.setdefault("reporter", name)  # names the engine in the repair requests it files
     controller = Controller(store, adapter_for(engine), prefix=prefix, poll_interval_s=poll_interval_s,
                             reset_caches_on_apply=True, **options)
     stop = threading.Event()
-    name = getattr(engine, "engine_id", "engine")
     thread = threading.Thread(target=controller.run, args=(stop,), name=f"{name}-weights", daemon=True)
     thread.start()
     return controller, stop, thread

@@ -26,6 +26,8 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterable
@@ -154,7 +156,7 @@ class Controller:
     def __init__(self, store: Store, engine: EngineAdapter, *, prefix: str = "weights", threads: int = 0,
                  download_threads: int = 4, apply_mode: Literal["copy", "xor"] = "copy",
                  verify_after_apply: bool = True, reset_caches_on_apply: bool = False,
-                 poll_interval_s: float = 1.0, pm: Any = None) -> None:
+                 poll_interval_s: float = 1.0, reporter: str = "", pm: Any = None) -> None:
         if apply_mode not in ("copy", "xor"):
             raise WeightSyncError(f"apply_mode must be 'copy' or 'xor', got {apply_mode!r}")
         self.bus = WeightBus(store, prefix)
@@ -170,6 +172,10 @@ class Controller:
         self._staging: dict[str, np.ndarray] = {}
         self.reports: collections.deque[ApplyReport] = collections.deque(maxlen=256)
         """The most recent updates' reports, oldest first."""
+        self.reporter = reporter or f"{socket.gethostname()}-{os.getpid()}"
+        """Who this follower is in the repair requests it files."""
+        self.broken: int | None = None
+        """A version no route to which verified; polls skip it until a newer version (the repair) appears."""
         self.held_paused = False
         """True while an apply that failed partway left the engine paused: its bits are a mix of two
         versions, so it serves nothing until an update (then from a snapshot) succeeds."""
@@ -197,7 +203,7 @@ class Controller:
     def poll_once(self) -> ApplyReport | None:
         """Update the engine to the newest committed version, if it is not there; the report or None."""
         target = self.bus.newest_version()
-        if target is None or target == self.engine.served_version():
+        if target is None or target == self.engine.served_version() or target == self.broken:
             return None
         return self.update_to(target)
 
@@ -228,8 +234,17 @@ class Controller:
             # On any doubt: newest snapshot plus replay, ignoring what the engine holds.
             log.warning("update to version %d by its %s route failed (%s); retrying from a snapshot", target,
                         "planned", exc)
-            plan = plan_route(self.bus, target, None)
-            staged = self._prefetch(plan)
+            try:
+                plan = plan_route(self.bus, target, None)
+                staged = self._prefetch(plan)
+            except (StoreError, WireError, WeightSyncError) as again:
+                # No route verifies (a corrupt object or manifest on the snapshot chain): ask the
+                # publisher for a fresh snapshot, and stop refetching this version until one appears.
+                self.broken = target
+                with contextlib.suppress(Exception):
+                    self.bus.request_repair(target, self.reporter, f"{type(again).__name__}: {again}")
+                raise VersionUnavailable(f"version {target}: no route verifies ({again}); asked the publisher "
+                                         f"for a fresh snapshot") from again
             retried = True
         fetch_s, decode_s = staged
         pause_s, apply_s, verify_s = self._apply(plan)
@@ -238,6 +253,7 @@ class Controller:
                              decode_s=decode_s, pause_s=pause_s, apply_s=apply_s, verify_after_apply_s=verify_s,
                              total_s=time.perf_counter() - started, retried=retried)
         self.reports.append(report)
+        self.broken = None
         return report
 
     def _prefetch(self, plan: Plan) -> tuple[float, float]:

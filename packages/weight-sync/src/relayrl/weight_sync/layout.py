@@ -9,6 +9,8 @@ Keys under the prefix (``weights`` by default)::
     bridges/0000000012-<attempt>              for a snapshot version: a delta from version 11 (the
                                               snapshot's manifest names it in ``metadata["bridge"]``)
     latest                                    the newest committed version, as decimal text (a hint)
+    repair/0000000012-<reporter>              a follower could not build version 12 (an object or manifest
+                                              failed verification): the next publish is a full snapshot
 
 A version exists exactly when ``manifests/<version>`` exists; everything a manifest references was
 written before it. ``latest`` only ever names a committed version but may lag behind (a publisher
@@ -18,6 +20,8 @@ killed between the manifest and the pointer), so readers probe forward from it.
 from __future__ import annotations
 
 import collections
+import contextlib
+import json
 import time
 from typing import Any
 
@@ -129,6 +133,19 @@ class WeightBus:
 
     def read_shard(self, key: str) -> WeightManifest:
         return codec.decode(self.store.get(key), WeightManifest, what=f"{self.store.url}/{key}")
+
+    # ------------------------------------------------------------------ repairs
+    def request_repair(self, version: int, reporter: str, reason: str) -> None:
+        """Ask the publisher for a fresh snapshot: ``version``'s route failed verification for ``reporter``."""
+        record = {"version": version, "reporter": reporter, "reason": reason[:500], "time": time.time()}
+        safe = "".join(char if char.isalnum() or char in "-_." else "_" for char in reporter)[:64] or "follower"
+        with contextlib.suppress(ObjectExists):  # already asked
+            self.store.put(self.key(f"repair/{version:0{_WIDTH}d}-{safe}"), json.dumps(record).encode(),
+                           if_absent=True)
+
+    def repair_requests(self) -> list[str]:
+        """Keys of the outstanding repair requests (one listing)."""
+        return self.store.list(self.key("repair/"))
 
     # ------------------------------------------------------------------ latest
     def read_latest_pointer(self) -> int | None:

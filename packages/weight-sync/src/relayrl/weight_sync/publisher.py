@@ -202,6 +202,17 @@ class Publisher:
                 self._pending = self._background.submit(self._publish_version, *job)
             return self._pending
 
+    def _repair_requests(self) -> list[str]:
+        try:
+            return self.bus.repair_requests()
+        except Exception as exc:  # a failed listing must not fail the publish
+            log.warning("listing repair requests failed: %s", exc)
+            return []
+
+    def repair_requested(self) -> bool:
+        """Whether a follower asked for a fresh snapshot (a trainer with nothing to train republishes)."""
+        return bool(self._repair_requests())
+
     def wait(self) -> PublishReport | None:
         """Wait for the publish in flight (if any) and return its report; re-raises its error."""
         pending, self._pending = self._pending, None
@@ -271,7 +282,10 @@ class Publisher:
         has_parent = self._base is not None and self._base_version is not None and (
             self._base_version == version - 1 if self.world_size > 1 else self._base_version < version)
         parent = self._base_version if has_parent else None
-        full = (not has_parent or self._snapshot_version is None
+        # A follower that could not verify a version's route asked for a repair: a full snapshot
+        # starts a fresh chain (single-rank publishing; sharded ranks must agree on the kind).
+        repairs = self._repair_requests() if self.world_size == 1 else []
+        full = (not has_parent or self._snapshot_version is None or bool(repairs)
                 or version - self._snapshot_version >= self.snapshot_every_versions)
         # A snapshot with a parent also gets a bridge delta, so that engines a few versions behind
         # can replay across the snapshot instead of downloading it.
@@ -303,6 +317,11 @@ class Publisher:
         committed = self._commit(manifest)
         commit_s = time.perf_counter() - start
 
+        if committed and repairs:
+            log.warning("weight version %d is a snapshot, answering %d repair request(s) (%s)", version,
+                        len(repairs), ", ".join(key.rsplit("/", 1)[-1] for key in repairs[:3]))
+            for key in repairs:
+                self.bus.store.delete(key)
         # The new bits become the base of the next delta; the old base buffers are reused for the next copy.
         self._spare = self._base or {}
         self._base = current

@@ -83,6 +83,7 @@ class TrainerProcess:
         self._drained: Counter[str] = Counter()
         self._drained_refs: list[tuple[str, str]] = []
         self._batch: Any = None  # the leader's batch behind the current "train" decision
+        self._repair_checked = 0.0  # when the waiting leader last looked for weight repair requests
 
     # ------------------------------------------------------------------ start-up
     def _build(self) -> None:
@@ -230,9 +231,14 @@ class TrainerProcess:
         return tensors if self.ranks.leader else None
 
     def _publish_initial(self) -> None:
-        version = None
         if self.ranks.leader:
             self.publisher = Publisher.from_config(self.bus, self.config.weight_sync)
+        self._publish_current()
+
+    def _publish_current(self) -> None:
+        """Publish the weights as they are now, numbered above every version on the bus (every rank calls it)."""
+        version = None
+        if self.ranks.leader:
             # Versions newer than this checkpoint may exist (published after it): continue above them.
             version = max(self.trainer.version, self.publisher.next_version)
         self.trainer.version = self.ranks.broadcast(version)
@@ -267,6 +273,12 @@ class TrainerProcess:
                     break
                 if decision.kind == "train":
                     self._train_on(decision)
+                elif decision.kind == "republish":
+                    self._publish_current()
+                    if leader:
+                        write_event(self.layout, "trainer", "weights-repaired",
+                                    f"an engine could not verify the published weights; republished them as "
+                                    f"version {self.trainer.version}, a fresh snapshot", level="warning")
         finally:
             self._close()
         if leader:
@@ -283,6 +295,12 @@ class TrainerProcess:
         batch = self.buffer.wait_for_batch(self.trainer.version, timeout_s=0.5)
         if batch is None:
             self._resolve_drops()
+            # Starved, perhaps because no engine can build the published weights (a corrupt object):
+            # an engine asked for a repair, and no step is coming to publish a fresh snapshot.
+            if time.monotonic() - self._repair_checked > 5.0:
+                self._repair_checked = time.monotonic()
+                if self.publisher.repair_requested():
+                    return Decision("republish")
             return Decision("wait")
         self._batch = batch
         weights = [item.weight for item in batch.groups]  # < 1 for groups the buffer down-weighted (stale)
