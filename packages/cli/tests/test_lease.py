@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -10,8 +11,9 @@ import threading
 
 import pytest
 
-from relayrl.cli.run.lease import LeaseHeld, LeaseLost, RunLease, _boot_id, check_fence
+from relayrl.cli.run.lease import LeaseHeld, LeaseLost, RunLease, check_fence
 from relayrl.core.errors import ObjectExists
+from relayrl.core.processes import boot_id, start_time
 from relayrl.core.store import open_store
 
 
@@ -31,7 +33,7 @@ class Clock:
 
 
 def write_record(store, generation: int, **fields) -> None:
-    record = {"owner": "x", "host": socket.gethostname(), "boot_id": _boot_id(), "pid": 1, "pid_start": "",
+    record = {"owner": "x", "host": socket.gethostname(), "boot_id": boot_id(), "pid": 1, "pid_start": "",
               "started": 0.0, "heartbeat": 0.0, "beats": 0, "ttl_s": 60.0, "released": False, **fields}
     store.put(f"lease/{generation:010d}", json.dumps(record).encode())
 
@@ -56,12 +58,8 @@ def test_a_dead_launcher_on_this_host_frees_the_lease_at_once_and_a_reused_pid_d
     lease = RunLease(store)
     assert lease.acquire() == 2
     lease.release()
-    import os
-
-    from relayrl.cli.run.lease import _start_time
-
     # Our own pid, but a different start time: the pid was reused by another process.
-    write_record(store, 3, pid=os.getpid(), pid_start=str(int(_start_time(os.getpid())) - 1))
+    write_record(store, 3, pid=os.getpid(), pid_start=str(int(start_time(os.getpid())) - 1))
     assert RunLease(store).acquire() == 4
 
 

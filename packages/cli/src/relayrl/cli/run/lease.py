@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from relayrl.core.errors import ObjectExists, RelayrlError, StoreError
+from relayrl.core.processes import identity, is_dead
 from relayrl.core.store import Store
 
 __all__ = ["EXIT_FENCED", "FENCE_ENV", "LeaseHeld", "LeaseLost", "RunLease", "check_fence"]
@@ -61,34 +62,6 @@ def _generations(store: Store) -> list[int]:
     return sorted(found)
 
 
-def _boot_id() -> str:
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as handle:
-            return handle.read().strip()
-    except OSError:
-        return ""
-
-
-def _start_time(pid: int) -> str:
-    """The start time of process ``pid`` in clock ticks since boot ('' when unknown or gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return fields[19]  # field 22 of stat(5), counted after the command name
-    except (OSError, IndexError):
-        return ""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 class RunLease:
     """The lease of one run on ``store``; :meth:`acquire`, then :meth:`release` (or use it as a context)."""
 
@@ -112,8 +85,7 @@ class RunLease:
     # ------------------------------------------------------------------ records
     def _mine(self) -> dict[str, Any]:
         now = self.clock()
-        return {"owner": uuid.uuid4().hex, "host": socket.gethostname(), "boot_id": _boot_id(), "pid": os.getpid(),
-                "pid_start": _start_time(os.getpid()), "started": now, "heartbeat": now, "beats": 0,
+        return {"owner": uuid.uuid4().hex, **identity(), "started": now, "heartbeat": now, "beats": 0,
                 "ttl_s": self.ttl_s, "released": False}
 
     def _read(self, generation: int) -> dict[str, Any] | None:
@@ -128,13 +100,9 @@ class RunLease:
         """Whether the launcher of ``record`` may still be running (see the module docstring)."""
         if record is None or record.get("released"):
             return False
-        same_machine = record.get("host") == socket.gethostname() and record.get("boot_id") == _boot_id() != ""
-        if same_machine:
-            pid = record.get("pid")
-            if not isinstance(pid, int) or not _pid_alive(pid):
-                return False
-            started = _start_time(pid)
-            return not started or started == record.get("pid_start")
+        dead = is_dead(record)  # decided at once for a holder on this host
+        if dead is not None:
+            return not dead
         try:
             age = self.clock() - float(record["heartbeat"])
             ttl = max(float(record.get("ttl_s", self.ttl_s)), self.ttl_s)
