@@ -190,6 +190,13 @@ class SandboxCgroup:
             raise CgroupError(f"cannot set limits on {self.directories}: {exc}") from exc
         self._commands = 0
 
+    @classmethod
+    def adopt(cls, directories: list[Path]) -> SandboxCgroup:
+        """The existing cgroup directories of a sandbox whose owner died (to :meth:`remove` them)."""
+        cgroup = cls.__new__(cls)
+        cgroup.version, cgroup.directories, cgroup._commands = "", list(directories), 0
+        return cgroup
+
     def command(self) -> CommandCgroup:
         """A fresh child cgroup for one command (inherits the sandbox's limits)."""
         self._commands += 1

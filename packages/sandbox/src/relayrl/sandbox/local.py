@@ -9,7 +9,10 @@ only decides how a command is wrapped (:meth:`LocalBackend.wrap`) and which capa
   read another's workspace, let alone a grader's;
 * a cgroup per sandbox carries the memory and pids limits, a child cgroup per command finds its
   processes for the tree kill;
-* the host reads and writes workspace files without following symlinks (:mod:`relayrl.sandbox.paths`).
+* the host reads and writes workspace files without following symlinks (:mod:`relayrl.sandbox.paths`);
+* each sandbox records its owner process and what it holds (``owner.json``), so that the sandboxes
+  of an owner killed without closing them are reaped by the next process that creates one
+  (:mod:`relayrl.sandbox.reaper`).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from relayrl.core.processes import start_time
 from relayrl.sandbox.api import (
     ExecResult,
     Limits,
@@ -39,6 +43,7 @@ from relayrl.sandbox.execution import StartSignal, run_wrapped
 from relayrl.sandbox.holder import host_unix_sockets
 from relayrl.sandbox.host import HostSupport, host_support
 from relayrl.sandbox.paths import read_beneath, relative_parts, walk_beneath, write_beneath
+from relayrl.sandbox.reaper import maybe_reap, write_owner
 
 __all__ = ["DEFAULT_ROOT", "SETUP_ATTEMPTS", "UID_RANGE", "LocalBackend", "LocalSandbox", "default_root"]
 
@@ -173,6 +178,7 @@ class LocalBackend(SandboxBackend):
         return args
 
     def create(self, workspace: str | Path | None = None, *, hide: Iterable[str | Path] = ()) -> LocalSandbox:
+        maybe_reap(self.root)  # sandboxes of owners that died without closing them (SIGKILL)
         return LocalSandbox(self, workspace, hide=hide)
 
     def masks(self, sandbox: LocalSandbox) -> tuple[list[str], list[str]]:
@@ -206,15 +212,17 @@ class LocalBackend(SandboxBackend):
 class _UidClaim:
     """A uid from :data:`UID_RANGE` held by one sandbox (a lock file, so concurrent processes differ)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, owner: str) -> None:
         directory = root / ".uids"
         directory.mkdir(parents=True, exist_ok=True)
         for _ in range(1000):
             uid = random.randrange(*UID_RANGE)
             try:
-                os.close(os.open(directory / str(uid), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+                handle = os.open(directory / str(uid), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             except FileExistsError:
                 continue
+            with os.fdopen(handle, "w") as claim:  # the sandbox holding it: the reaper frees orphaned claims
+                claim.write(owner)
             self.uid, self.path = uid, directory / str(uid)
             return
         raise SandboxError(f"no free sandbox uid in {UID_RANGE} (stale claims in {directory}?)")
@@ -246,9 +254,10 @@ class LocalSandbox(Sandbox):
         try:
             backend.root.mkdir(parents=True, exist_ok=True, mode=0o711)
             self.directory.mkdir(mode=0o711)
+            write_owner(self.directory)  # from here on, a reaper can undo this sandbox if its owner dies
             self.workdir.mkdir(mode=0o700)
             if "unprivileged" in capabilities:
-                self._uid = _UidClaim(backend.root)
+                self._uid = _UidClaim(backend.root, self.id)
             self.owner = (self._uid.uid, self._uid.uid) if self._uid else (os.geteuid(), os.getegid())
             if "disk-quota" in capabilities:
                 subprocess.run(["mount", "-t", "tmpfs", "-o",
@@ -267,6 +276,11 @@ class LocalSandbox(Sandbox):
                                             max_processes=backend.limits.max_processes)
             self._prepared = True  # before: release() must undo a prepare() that failed half-way
             backend.prepare(self)
+            holder = self.namespace_holder
+            write_owner(self.directory, uid=self.uid,
+                        cgroup=[str(path) for path in self.cgroup.directories] if self.cgroup else None,
+                        holder_pid=holder.pid if holder else None,
+                        holder_start=start_time(holder.pid) if holder else None)
         except (OSError, subprocess.CalledProcessError, CgroupError) as exc:
             self.close()
             raise SandboxError(f"cannot create sandbox in {self.directory}: {exc}") from exc
