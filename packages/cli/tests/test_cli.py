@@ -129,6 +129,11 @@ BAD_INPUTS = [
     ("", ["trainer.warmup.lr=inf"], "trainer.warmup.lr: must be a finite number > 0"),
     ("[model]\npath = '/nonexistent/model'\n", [], "model.path: /nonexistent/model is not a model directory"),
     ("", ["run.lease_ttl_s=0"], "run.lease_ttl_s: must be a finite number of seconds > 0"),
+    # A bad value from --set is blamed on the override, not on the file it overrides.
+    ("[algo]\noptimizer = { lr = 1e-5 }\n", ["algo.optimizer.lr='abc'"],
+     "--set algo.optimizer.lr='abc': algo.optimizer.lr: expected float, got str"),
+    ("", ["algoo.x=1"], "--set algoo.x=1: algoo: unknown key; did you mean algo?"),
+    ("[trainer]\nstepz = 3\n", ["trainer.steps=4"], "run.toml: trainer.stepz: unknown key"),
 ]
 
 
@@ -164,3 +169,20 @@ def test_a_path_that_cannot_be_written_is_one_line_not_a_traceback(tmp_path, cap
         error = capsys.readouterr().err
         assert status == 2 and error.startswith("relayrl: error: ") and error.count("\n") == 1, error
         assert str(blocker) in error and "Not a directory" in error
+
+
+def test_resume_refuses_overrides_that_its_checkpoints_and_weights_cannot_follow(tmp_path, capsys):
+    from relayrl.cli.main import main
+    from relayrl.core.config import load_config
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    written = json.dumps(load_config(Path(__file__).resolve().parents[3] / "examples" / "quickstart.toml").raw)
+    (run_dir / "config.json").write_text(written)
+    for override, key in [("model.init.hidden_size=64", "model.init.hidden_size"), ("store.url='s3://b/r'", "store.url"),
+                          ("weight_sync.prefix='other'", "weight_sync.prefix")]:
+        status = main(["run", "--resume", str(run_dir), "--set", override])
+        error = capsys.readouterr().err
+        assert status == 2 and error.startswith(f"relayrl: error: {key}: cannot change on --resume"), error
+        assert error.count("\n") == 1
+    assert (run_dir / "config.json").read_text() == written  # nothing rewritten

@@ -41,6 +41,7 @@ def run(args: argparse.Namespace) -> int:
         if not layout.exists():
             raise ConfigError(f"--resume {args.resume}: not a run directory (no config.json)")
         config = layout.load_config(overrides=overrides, pm=pm)
+        _refuse_frozen_changes(layout.load_config(pm=pm).raw, config.raw)
     else:
         if not args.config:
             raise ConfigError("relayrl run needs CONFIG (or --resume RUN_DIR)")
@@ -75,6 +76,47 @@ def run(args: argparse.Namespace) -> int:
     if status == 130:
         print(f"stopped; continue with: relayrl run --resume {layout.root}")
     return status
+
+
+FROZEN_ON_RESUME = ("model", "store", "weight_sync.prefix", "trainer.backend")
+"""Config keys a resumed run cannot change: its checkpoints, bus and published weights were made with them."""
+
+
+def _refuse_frozen_changes(before: dict[str, Any], after: dict[str, Any]) -> None:
+    from relayrl.core.config import ConfigError
+
+    for key in FROZEN_ON_RESUME:
+        changed = _first_difference(_value(before, key), _value(after, key), key)
+        if changed is not None:
+            name, old, new = changed
+            raise ConfigError(f"{name}: cannot change on --resume (the run's checkpoints and weights were made with "
+                              f"{_shown(old)}, the override asks for {_shown(new)}); start a new run instead")
+
+
+_ABSENT = object()
+
+
+def _value(data: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        data = data.get(part, _ABSENT) if isinstance(data, dict) else _ABSENT
+    return data
+
+
+def _first_difference(old: Any, new: Any, path: str) -> tuple[str, Any, Any] | None:
+    """The first dotted key under ``path`` whose value differs, with both values (or None)."""
+    if (isinstance(old, dict) and new is _ABSENT) or (isinstance(new, dict) and old is _ABSENT):
+        old, new = ({} if old is _ABSENT else old), ({} if new is _ABSENT else new)
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            found = _first_difference(old.get(key, _ABSENT), new.get(key, _ABSENT), f"{path}.{key}")
+            if found is not None:
+                return found
+        return None
+    return None if old == new else (path, old, new)
+
+
+def _shown(value: Any) -> str:
+    return "it unset" if value is _ABSENT else repr(value)
 
 
 def _preflight(config: Any, pm: Any) -> None:

@@ -205,32 +205,61 @@ def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[s
             raise ConfigError(f"{origin}: not readable (permission denied)") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{origin}: invalid TOML: {exc}") from None
+    overrides = list(overrides)
+    from_file = _deep_copy(data) if overrides else data
     apply_overrides(data, overrides)
+
+    def blamed(message: str) -> ConfigError:
+        # An invalid value that came from --set is the override's fault, not the file's.
+        return ConfigError(f"{_origin_of(message, origin, overrides, from_file)}: {message}")
+
     section_types = {name: record.factory for name, record in config_sections(pm).items()}
     sections: dict[str, msgspec.Struct] = {}
     for name, value in data.items():
         if name not in section_types:
-            raise ConfigError(f"{origin}: {name}: unknown key{_suggestion(name, section_types)}")
+            raise blamed(f"{name}: unknown key{_suggestion(name, section_types)}")
         if not isinstance(value, dict):
-            raise ConfigError(f"{origin}: {name}: expected a table, got {_kind(value)}")
+            raise blamed(f"{name}: expected a table, got {_kind(value)}")
     for name, section_type in section_types.items():
         try:
             sections[name] = convert(data.get(name, {}), section_type, path=name)
             if isinstance(sections[name], Section):
                 sections[name].check(pm, name)
         except ConfigError as exc:
-            raise ConfigError(f"{origin}: {exc}") from None
+            raise blamed(str(exc)) from None
     config = Config(sections, origin, data)
     for name, section in sections.items():
         try:
             if isinstance(section, Section):
                 section.check_with(config, pm, name)
         except ConfigError as exc:
-            raise ConfigError(f"{origin}: {exc}") from None
+            raise blamed(str(exc)) from None
     return config
 
 
 # --------------------------------------------------------------------------------- internals
+def _origin_of(message: str, origin: str, overrides: list[str], from_file: Mapping[str, Any]) -> str:
+    """``--set KEY=VALUE`` when the message's dotted key is (inside) an overridden key, or a key only
+    an override introduced; else ``origin`` (the file)."""
+    key = message.split(": ", 1)[0].strip()
+    for item in reversed(overrides):  # the last override of a key is the one that counts
+        name = item.split("=", 1)[0].strip()
+        if key == name or key.startswith((name + ".", name + "[")):
+            return f"--set {item}"
+        if name.startswith(key + ".") and not _has_key(from_file, key):
+            return f"--set {item}"
+    return origin
+
+
+def _has_key(data: Mapping[str, Any], dotted: str) -> bool:
+    node: Any = data
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
 def _check_unknown_keys(value: Any, info: mi.Type, path: str) -> None:
     if isinstance(info, mi.StructType):
         if not isinstance(value, dict):
