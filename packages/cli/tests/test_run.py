@@ -165,7 +165,7 @@ def agent_run(tmp_path_factory) -> Path:
     return run_dir
 
 
-def test_the_agentic_example_uses_tools_in_sandboxes_compacts_and_trains_every_segment(agent_run):
+def test_the_agentic_example_uses_tools_in_sandboxes_compacts_and_trains_every_segment(agent_run, tmp_path):
     """Checks that the agentic path ran, not that it learned."""
     from relayrl.cli.run.ledger import verify_run
 
@@ -183,10 +183,45 @@ def test_the_agentic_example_uses_tools_in_sandboxes_compacts_and_trains_every_s
     assert rollout["metrics"]["sandbox/graded_answers"] > 0  # answers graded by the sandboxed script
     check = verify_run(agent_run)
     assert check.ok, check
+    assert_a_vanished_pending_segment_is_reported(agent_run, tmp_path)
     report = agent_run / "report"
     assert "trajectories.html" in (report / "report.html").read_text()  # the report links the viewer
     tools = (report / "report.md").read_text().split("## Tools called (share of committed trajectories)", 1)
     assert len(tools) == 2 and "| versions | trajectories | grep |" in tools[1]  # which tools, from the bus
+
+
+def assert_a_vanished_pending_segment_is_reported(run_dir: Path, tmp_path: Path) -> None:
+    """On a copy of the run: a segment not yet trained that disappears from the bus (renumbered one up,
+    as if lost and its number taken by the producer's next one) is a gap ``verify_run`` reports."""
+    import shutil
+
+    from relayrl.buffer.cursor import BufferState, Cursor
+    from relayrl.buffer.segments import parse_segment_key, segment_key
+    from relayrl.cli.run.layout import RunLayout
+    from relayrl.cli.run.ledger import verify_run
+    from relayrl.fault_tolerance.checkpoint import CheckpointStore
+    from relayrl.fault_tolerance.recovery import recover
+
+    copy = tmp_path / "copy"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("report"))
+    layout = RunLayout(copy)
+    config = layout.load_config()
+    bus, prefix = layout.bus(config), config.buffer.prefix
+    cursor = Cursor.from_state(BufferState.coerce(recover(CheckpointStore(layout.checkpoint_store())).state["buffer"]))
+    newest: dict[str, int] = {}
+    for key in bus.list(f"{prefix.strip('/')}/"):
+        if (parsed := parse_segment_key(prefix, key)) is not None:
+            newest[parsed[0]] = max(newest.get(parsed[0], -1), parsed[1])
+    pending = [(producer, sequence) for producer, sequence in newest.items()
+               if not cursor.segment_done(producer, sequence)]
+    if not pending:
+        print("every segment was trained: no pending segment to lose")
+        return
+    producer, sequence = pending[0]
+    bus.put(segment_key(prefix, producer, sequence + 1), bus.get(segment_key(prefix, producer, sequence)))
+    bus.delete(segment_key(prefix, producer, sequence))
+    check = verify_run(copy)
+    assert not check.ok and any(f"producer {producer}: 1 segment(s) missing" in error for error in check.errors), check
 
 
 BUGFIX_CONFIG = """

@@ -33,6 +33,8 @@ class Display:
         self._last_draw = 0.0
         self._seen_events: set[str] = set()
         self.recent_rewards: list[float] = []
+        # The fleet's counters when this display first saw the current wait: (wait start, when seen, counters).
+        self._fleet_at_wait: tuple[float, float, dict[str, Any]] | None = None
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -81,14 +83,20 @@ class Display:
                 continue
             if event.kind in ("alarm", "restart", "warmup", "resumed") or event.level in ("warning", "error"):
                 self._draw(f"[{event.source}] {event.kind}: {event.message}", keep=True)
+                tail = event.data.get("log_tail") if isinstance(event.data, dict) else None
+                if tail:  # a child that died: the last lines of its log, not just its exit status
+                    self._draw(f"  last lines of {event.data.get('log', 'its log')}:", keep=True)
+                    for line in tail:
+                        self._draw(f"    {line}", keep=True)
 
     def line(self) -> str:
         trainer = self.layout.read_status("trainer")
+        waiting = self.waiting_reason(trainer)
         if not self._last:
             phase = trainer.get("phase", "starting")
             if phase == "warmup":
                 return f"warm-up {trainer.get('step', 0)}/{trainer.get('steps', '?')} loss {trainer.get('loss', 0):.3f}"
-            return f"{phase} ({time.monotonic() - self.started:.0f} s)"
+            return f"{phase} ({time.monotonic() - self.started:.0f} s)" + (f" | {waiting}" if waiting else "")
         step = int(self._last["step"])
         metrics = self._last["metrics"]
         parts = [f"step {step}" + (f"/{self.total_steps}" if self.total_steps else "")]
@@ -105,7 +113,54 @@ class Display:
             parts.append(f"engines at v{metrics['fleet/engine_version_min']:.0f}")
         if metrics.get("eval/pass@1") is not None:
             parts.append(f"eval pass@1 {metrics['eval/pass@1']:.3f} (step {metrics.get('eval/step', 0):.0f})")
+        if waiting:
+            parts.append(waiting)
         return " | ".join(parts)
+
+    def waiting_reason(self, trainer: dict[str, Any], *, after_s: float = 20.0) -> str:
+        """Why the trainer has had no batch for more than ``after_s`` seconds ('' while it trains).
+
+        From what the processes report anyway: the trainer's status while it waits (what the buffer
+        dropped meanwhile, how much is pending), the rollout process's status (engine health, the
+        fleet's counters).
+        """
+        since = trainer.get("waiting_since")
+        if not isinstance(since, (int, float)):
+            self._fleet_at_wait = None
+            return ""
+        rollout = self.layout.read_status("rollout")
+        fleet = rollout.get("metrics", {})
+        if self._fleet_at_wait is None or self._fleet_at_wait[0] != since:
+            self._fleet_at_wait = (since, time.monotonic(), dict(fleet))
+        waited = time.time() - since
+        if waited < after_s:
+            return ""
+        _, seen_at, before = self._fleet_at_wait
+        watched = time.monotonic() - seen_at >= after_s / 2  # long enough to say the fleet made nothing
+        grown = {name: fleet.get(name, 0.0) - before.get(name, 0.0)
+                 for name in ("fleet/groups", "fleet/groups_graded", "fleet/zero_variance_skipped")}
+        dropped = {reason: count for reason, count in (trainer.get("dropped_while_waiting") or {}).items() if count}
+        engines = rollout.get("engines") or []
+        down = [engine.get("engine_id", "?") for engine in engines if not engine.get("alive")]
+        if dropped:
+            total = sum(dropped.values())
+            kinds = ", ".join(f"{reason.replace('_', '-')} {count}" for reason, count in sorted(dropped.items()))
+            reason = f"the buffer dropped all {total} groups that arrived ({kinds})"
+            if "zero_variance" in dropped:
+                reason += ": every sample of a task got the same reward (tasks all solved or all failed?)"
+        elif watched and grown["fleet/zero_variance_skipped"] > 0 and grown["fleet/groups"] <= 0:
+            reason = (f"the fleet skipped all {grown['fleet/zero_variance_skipped']:.0f} groups it graded as "
+                      "zero-variance (every sample of a task got the same reward)")
+        elif engines and len(down) == len(engines):
+            reason = f"no engine is serving ({', '.join(down)} down)"
+        elif not rollout:
+            reason = "the rollout process has not reported yet"
+        elif watched and grown["fleet/groups_graded"] <= 0:
+            reason = "the fleet graded no group" + (f" ({', '.join(down)} down)" if down else "")
+        else:
+            reason = (f"{trainer.get('pending_groups', 0)}/{trainer.get('batch_groups', '?')} groups for the next "
+                      "batch; the fleet is generating")
+        return f"waiting {_duration(waited)}: {reason}"
 
     def _draw(self, text: str, *, keep: bool = False) -> None:
         if self.interactive:

@@ -194,6 +194,18 @@ class TrainerRanks:
             child.wait(min(timeout_s, 30))  # they stop once the leader has told them to (or died)
 
 
+def log_tail(path: Path, lines: int = 6) -> list[str]:
+    """The last ``lines`` non-empty lines of a log (progress bars' carriage returns resolved)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, handle.seek(0, os.SEEK_END) - 16384))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return []
+    kept = [line.rstrip("\r").rsplit("\r", 1)[-1].rstrip() for line in text.split("\n")]
+    return [line[:300] for line in kept if line.strip()][-lines:]
+
+
 def _command_line(pid: int) -> str:
     """The command line of a live process ('' when it is gone, a zombie, or unreadable)."""
     try:
@@ -396,13 +408,18 @@ class Launcher:
 
     def _restart(self, child: Any, limit: int, make: Callable[[], Any]) -> Any:
         status = child.poll()
+        tail = log_tail(child.log_path)
         if child.restarts >= limit:
+            print(f"last lines of {child.log_path}:\n" + "\n".join(f"  {line}" for line in tail), file=sys.stderr,
+                  flush=True)
             raise RunFailed(f"{child.name} died (exit {status}) after {child.restarts} restarts; see {child.log_path}")
         what = child.name
         if isinstance(child, TrainerRanks) and child.failed is not None:
             what = f"{child.name} (process {child.failed}; every rank restarts)"
+        # The log's last lines travel with the event: the display prints them, the report lists them.
         write_event(self.layout, "launcher", "restart", f"{what} died (exit {status}); restarting",
-                    level="warning", data={"process": child.name, "exit": status, "restarts": child.restarts + 1})
+                    level="warning", data={"process": child.name, "exit": status, "restarts": child.restarts + 1,
+                                           "log_tail": tail, "log": str(child.log_path)})
         child.wait(0)
         fresh = make()
         if fresh.process is None:

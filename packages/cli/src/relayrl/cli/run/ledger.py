@@ -8,7 +8,8 @@ last line of a step wins, exactly as the checkpoint it resumed from dictates.
 :func:`verify_run` checks a run from what it left behind: the groups committed on the bus, the
 ledger, and the buffer cursor of the newest complete checkpoint. Every group the cursor counts as
 resolved must appear in the ledger exactly once, trained or dropped with a reason; no group may be
-trained twice or both trained and dropped; nothing in the ledger may be missing from the bus.
+trained twice or both trained and dropped; nothing in the ledger may be missing from the bus; no
+segment may vanish from the bus before it was resolved (a gap in a producer's sequence numbers).
 Groups committed after the trainer's last step are still pending: counted, not an error.
 """
 
@@ -85,10 +86,12 @@ def verify_run(run_dir: str | os.PathLike[str]) -> RunCheck:
     bus = layout.bus(config)
     prefix = config.buffer.prefix.strip("/")
     committed: set[str] = set()
+    sequences: dict[str, set[int]] = {}
     for key in bus.list(f"{prefix}/"):
         parsed = parse_segment_key(prefix, key)
         if parsed is None:
             continue
+        sequences.setdefault(parsed[0], set()).add(parsed[1])
         segment = codec.decode_compressed(bus.get(key), wire.RolloutSegment, what=key)
         committed.update(str(GroupRef(parsed[0], parsed[1], index)) for index in range(len(segment.groups)))
 
@@ -99,6 +102,14 @@ def verify_run(run_dir: str | os.PathLike[str]) -> RunCheck:
     final_step = int(recovered.state["step"])
     cursor = Cursor.from_state(BufferState.coerce(recovered.state["buffer"]))
     resolved = {ref for ref in committed if cursor.is_resolved(_parse(ref, GroupRef))}
+    # A producer numbers its segments 0, 1, 2 ...: a number missing below its newest is a segment that
+    # vanished from the bus. Retention deletes only resolved ones; an unresolved one was lost.
+    for producer, present in sorted(sequences.items()):
+        lost = [sequence for sequence in range(max(present)) if sequence not in present
+                and not cursor.segment_done(producer, sequence)]
+        if lost:
+            errors.append(f"producer {producer}: {len(lost)} segment(s) missing from the bus before being "
+                          f"trained or dropped (sequence {', '.join(map(str, lost[:5]))})")
 
     seen: dict[str, str] = {}
     dropped: dict[str, int] = {}

@@ -84,6 +84,8 @@ class TrainerProcess:
         self._drained_refs: list[tuple[str, str]] = []
         self._batch: Any = None  # the leader's batch behind the current "train" decision
         self._repair_checked = 0.0  # when the waiting leader last looked for weight repair requests
+        self._waiting_since: float | None = None  # wall time the leader started waiting for the current batch
+        self._waiting_reported = 0.0
 
     # ------------------------------------------------------------------ start-up
     def _build(self) -> None:
@@ -295,6 +297,7 @@ class TrainerProcess:
         batch = self.buffer.wait_for_batch(self.trainer.version, timeout_s=0.5)
         if batch is None:
             self._resolve_drops()
+            self._report_waiting(total)
             # Starved, perhaps because no engine can build the published weights (a corrupt object):
             # an engine asked for a repair, and no step is coming to publish a fresh snapshot.
             if time.monotonic() - self._repair_checked > 5.0:
@@ -303,9 +306,24 @@ class TrainerProcess:
                     return Decision("republish")
             return Decision("wait")
         self._batch = batch
+        self._waiting_since = None
         weights = [item.weight for item in batch.groups]  # < 1 for groups the buffer down-weighted (stale)
         return Decision("train", [item.group for item in batch.groups],
                         None if all(weight == 1.0 for weight in weights) else weights)
+
+    def _report_waiting(self, total: int) -> None:
+        """While no batch is ready: say since when, and what the buffer did with what arrived (the
+        progress line shows it: every group dropped as zero-variance, none arriving at all ...)."""
+        now = time.time()
+        if self._waiting_since is None:
+            self._waiting_since = now
+        if now - self._waiting_reported < 2.0:
+            return
+        self._waiting_reported = now
+        self.layout.write_status("trainer", {
+            "phase": "training", "step": self.step, "steps": total, "version": self.trainer.version,
+            "waiting_since": self._waiting_since, "pending_groups": self.buffer.pending,
+            "batch_groups": self.config.buffer.batch_groups, "dropped_while_waiting": dict(self._drained)})
 
     def _resolve_drops(self) -> None:
         """No batch yet: settle groups that will never be trained (too stale), so the fleet, held back
