@@ -34,7 +34,8 @@ MODES = {
 # The smoke run's model solves nothing: keep every group so that steps happen at all.
 QUICK = ["--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.tasks=500",
          "--set", "buffer.batch_groups=2", "--set", "rollout.skip_zero_variance=false",
-         "--set", "buffer.admission=['staleness']"]
+         "--set", "buffer.admission=['staleness']",
+         "--set", "rollout.engines_in_process=true"]  # one process start fewer
 
 
 def run(mode: str, run_dir: Path, steps: int, quick: bool) -> list[dict]:

@@ -26,7 +26,8 @@ QUICKSTART = ROOT / "examples" / "quickstart.toml"
 # The smoke run's model solves nothing: keep every group so that steps happen at all.
 QUICK = ["--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.tasks=500",
          "--set", "buffer.batch_groups=2", "--set", "rollout.skip_zero_variance=false",
-         "--set", "buffer.admission=['staleness']"]
+         "--set", "buffer.admission=['staleness']",
+         "--set", "rollout.engines_in_process=true"]  # one process start fewer
 
 
 def run(run_dir: Path, steps: int, extra: list[str], quick: bool) -> dict[str, float]:
@@ -56,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=8, help="[eval] samples")
     parser.add_argument("--repeats", type=int, default=2, help="runs of each variant, alternating")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 4 steps, one repeat, a small eval")
+    parser.add_argument("--runs-dir", default=None, help="keep the runs here (default: a temporary directory)")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.every, args.tasks, args.samples, args.repeats = 4, 2, 8, 2, 1
@@ -63,9 +65,10 @@ def main(argv: list[str] | None = None) -> int:
                                         "--set", f"eval.samples={args.samples}"]}
     results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory() as temp:
+        runs = Path(args.runs_dir or temp)
         for repeat in range(args.repeats):
             for name, extra in variants.items():
-                results[name].append(run(Path(temp) / f"{name}-{repeat}", args.steps, extra, args.quick))
+                results[name].append(run(runs / f"{name}-{repeat}", args.steps, extra, args.quick))
                 print(f"{name} [eval], run {repeat + 1}: done", file=sys.stderr)
     print(f"quickstart, {args.steps} steps; [eval] every {args.every} steps, {args.tasks} tasks x {args.samples} "
           f"samples; {args.repeats} run(s) each, alternating")

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
 QUICK_RUN = ["--steps", "3", "--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.tasks=500",
              "--set", "buffer.batch_groups=2", "--set", "rollout.skip_zero_variance=false",
-             "--set", "buffer.admission=['staleness']"]
+             "--set", "buffer.admission=['staleness']",
+             "--set", "rollout.engines_in_process=true"]  # one process start fewer
 
 
 def relayrl(*args: str) -> str:

@@ -9,9 +9,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_quick(script: str) -> str:
-    """Run ``benchmarks/<script> --quick``; fail with its stderr unless it exits 0; return stdout."""
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick"], capture_output=True,
+def run_quick(script: str, *args: str) -> str:
+    """Run ``benchmarks/<script> --quick ARGS``; fail with its stderr unless it exits 0; return stdout."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--quick", *args], capture_output=True,
                             text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     return result.stdout
@@ -104,11 +104,9 @@ def test_agent_warmup_benchmark_quick_mode_samples_the_warmed_agent():
     assert "demonstrations" in out and "| 5 |" in out
 
 
-def test_eval_during_run_quick_mode_runs_with_and_without_eval():
-    out = run_quick("eval_during_run.py")
+def test_eval_benchmarks_quick_modes_run_with_and_without_eval_then_evaluate_before_and_after_rl(tmp_path):
+    # eval_quickstart evaluates the run eval_during_run kept (one quickstart run fewer to wait for).
+    out = run_quick("eval_during_run.py", "--runs-dir", str(tmp_path))
     assert "without | 1 |" in out and "with | 1 |" in out and "steps/s with / without [eval]" in out
-
-
-def test_eval_quickstart_quick_mode_evaluates_before_and_after_rl():
-    out = run_quick("eval_quickstart.py")
+    out = run_quick("eval_quickstart.py", "--run-dir", str(tmp_path / "with-0"))
     assert "| after the warm-up, before RL | 1 |" in out and "| after RL |" in out
