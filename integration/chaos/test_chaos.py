@@ -22,6 +22,8 @@ from pathlib import Path
 from relayrl.cli.report import load_events
 from relayrl.cli.run.ledger import verify_run
 from relayrl.core.store import open_store
+from relayrl.sandbox.local import default_root
+from relayrl.sandbox.reaper import reap_stale
 from relayrl.trainer.metrics import read_metrics
 from relayrl.weight_sync import WeightBus
 
@@ -41,6 +43,7 @@ KILLS = [(4, "trainer"), (8, "engine-0"), (12, "rollout"), (16, "trainer"), (20,
 # from the one before).
 CORRUPT = {8: "weights", 16: "checkpoint"}
 LAUNCHER_KILL_AT = 27
+SEED = 11
 
 
 def flip_bytes(path: Path) -> None:
@@ -62,6 +65,13 @@ def corrupt(run_dir: Path, what: str) -> str:
     return str(newest.relative_to(run_dir))
 
 
+def _command_line(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -72,7 +82,8 @@ def alive(pid: int) -> bool:
 
 def test_quickstart_under_random_kills_consumes_every_group_exactly_once(tmp_path):
     run_dir = tmp_path / "run"
-    rng = random.Random(11)
+    rng = random.Random(SEED)
+    print(f"chaos seed {SEED}; kills at steps {KILLS}, damage at {CORRUPT}, launcher at {LAUNCHER_KILL_AT}")
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     run = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "run", str(ROOT / "examples/quickstart.toml"),
                             "--run-dir", str(run_dir), "--steps", str(STEPS), "--no-report", *SHORT],
@@ -91,6 +102,7 @@ def test_quickstart_under_random_kills_consumes_every_group_exactly_once(tmp_pat
                         print(f"step {at}: corrupted {corrupt(run_dir, CORRUPT[at])}, killing {victim}")
                     os.kill(children[victim], signal.SIGKILL)
                     killed.append(victim)
+                    print(f"step {len(read_metrics(run_dir))}: SIGKILL {victim} (pid {children[victim]})", flush=True)
                     pending.pop(0)
             time.sleep(0.2)
         # Last, the launcher itself (its children die with it); --resume takes its lease over at once.
@@ -127,5 +139,8 @@ def test_quickstart_under_random_kills_consumes_every_group_exactly_once(tmp_pat
 
     check = verify_run(run_dir)
     print(f"committed {check.committed}, trained {check.trained}, dropped {check.dropped}, pending {check.pending}")
+    # Nothing left behind: no process of this run, no sandbox of a dead owner.
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and str(run_dir) in _command_line(int(pid))]
+    assert reap_stale(Path(default_root())) == [], "a killed process's sandboxes were never reaped"
     assert check.ok, "\n".join(check.errors)
     assert check.final_step == STEPS and check.trained >= STEPS * 4

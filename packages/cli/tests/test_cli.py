@@ -95,7 +95,7 @@ def test_config_check_accepts_a_valid_file(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"ok: {path}")
     shown = json.loads(relayrl("config", "check", str(path), "--set", "run.seed=4", "--show").stdout)
-    assert shown["run"] == {"name": "x", "seed": 4, "deterministic": False}
+    assert shown["run"] == {"name": "x", "seed": 4, "deterministic": False, "lease_ttl_s": 60.0}
 
 
 def test_config_check_names_the_bad_key(tmp_path):
