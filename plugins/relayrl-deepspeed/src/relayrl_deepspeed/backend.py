@@ -42,13 +42,15 @@ def deepspeed_config(algo: AlgoSection, trainer: TrainerSection, ds: DeepSpeedSe
                      ) -> dict[str, Any]:
     """The DeepSpeed JSON config these sections describe."""
     optimizer = algo.optimizer
-    if use_muon:
+    # torch_adam: DeepSpeed's fused Adam would JIT-compile a C++ op (~1 min per environment) for no
+    # gain here; torch's AdamW also keeps its step count in its state (FusedAdam recomputes beta^t from a
+    # running product, which a restored checkpoint does not reproduce bit for bit).
+    if use_muon:  # the Adam half (embeddings, norms, biases) is torch's AdamW too
         optimizer_config = {"type": "Muon", "params": {
             "lr": optimizer.lr, "muon_lr": optimizer.muon_lr if optimizer.muon_lr is not None else optimizer.lr,
             "adam_lr": optimizer.lr, "momentum": optimizer.muon_momentum, "weight_decay": optimizer.weight_decay,
-            "betas": list(optimizer.betas), "eps": optimizer.eps}}
+            "betas": list(optimizer.betas), "eps": optimizer.eps, "torch_adam": True}}
     else:
-        # torch_adam: DeepSpeed's fused Adam would JIT-compile a C++ op (~1 min) for no gain here.
         optimizer_config = {"type": "AdamW", "params": {
             "lr": optimizer.lr, "betas": list(optimizer.betas), "eps": optimizer.eps,
             "weight_decay": optimizer.weight_decay, "torch_adam": True}}
@@ -67,6 +69,22 @@ def deepspeed_config(algo: AlgoSection, trainer: TrainerSection, ds: DeepSpeedSe
         "steps_per_print": 2**31 - 1,
         "wall_clock_breakdown": False,
     }
+
+
+def _skip_shared_memory_op(ds_lib: Any) -> None:
+    """Tell DeepSpeed not to JIT-build its CPU shared-memory collective (~45 s per environment).
+
+    Its communication backend builds the op when it starts on a CPU, but only ``inference_all_reduce``
+    uses it; training's collectives go through the process group (gloo here) either way.
+    """
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        builder = get_accelerator().create_op_builder("ShareMemCommBuilder")
+        if builder is not None:
+            ds_lib.ops.__compatible_ops__[builder.NAME] = False
+    except Exception:  # another DeepSpeed layout: it builds the op, as before
+        pass
 
 
 def _free_port() -> int:
@@ -96,6 +114,8 @@ class DeepSpeedTrainer:
                 os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
                 os.environ.setdefault("MASTER_PORT", str(_free_port()))
                 os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1")
+            if backend == "gloo":
+                _skip_shared_memory_op(ds_lib)
             ds_lib.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         muon, adamw = partition_parameters(model, self.algo.optimizer)
