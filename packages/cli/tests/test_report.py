@@ -128,3 +128,29 @@ def test_lines_of_another_shape_in_metrics_jsonl_are_skipped_by_every_reader(tmp
     display = Display(RunLayout(tmp_path), total_steps=50, stream=io.StringIO(), interactive=False)
     display.close()
     assert "step 40/50" in display.stream.getvalue()
+
+
+def test_restarts_and_resumes_are_listed_with_their_downtime_and_the_config_is_summarised(tmp_path):
+    make_run(tmp_path, steps=20)  # a step every 2 s from t=1000
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    shifted = [json.loads(line) for line in lines]
+    for record in shifted[10:]:  # the trainer was killed after step 9 and needed 30 s more to step again
+        record["time"] += 30.0
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(record) + "\n" for record in shifted))
+    store = open_store(str(tmp_path))
+    for key, kind, source, at in (("2", "restart", "launcher", 1019.0), ("3", "resumed", "trainer", 1040.0)):
+        event = wire.RunEvent(time=at, source=source, kind=kind, level="warning", message=f"{kind} | here",
+                              data={"process": "trainer"})
+        store.put(f"events/0000000{key}-{kind}", codec.encode(event))
+    (tmp_path / "config.json").write_text(json.dumps({"model": {"init": {"hidden_size": 64}, "dtype": "float32"},
+                                                      "rollout": {"environment": "countdown", "engines": 2},
+                                                      "trainer": {"steps": 20}}))
+    report = write_report(tmp_path)
+    # One gap of 32 s where 2 s is typical: 30 s lost, charged to the first event inside it.
+    assert report.summary["restarts"] == 1 and report.summary["interruptions"] == 2
+    assert report.summary["downtime_s"] == pytest.approx(30.0)
+    markdown = report.markdown_path.read_text()
+    assert "| 19 | 9 | launcher restart: restart / here | 30.0 |" in markdown
+    assert "| 40 | 9 | trainer resumed: resumed / here | 0.0 |" in markdown
+    assert "| model init | hidden_size=64 |" in markdown and "| engines | 2 |" in markdown
+    assert "Interruptions (restarts, resumes)" in report.html_path.read_text()

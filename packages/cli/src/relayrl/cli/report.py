@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import html
+import itertools
 import math
 import re
 from dataclasses import dataclass
@@ -179,6 +180,64 @@ def tool_use_table(trajectories: list[tuple[int, list[str]]]) -> list[str]:
     return rows
 
 
+INTERRUPTIONS = ("restart", "resumed", "stopped", "lease-lost", "orphans", "weights-repaired")
+"""Event kinds the report lists as interruptions of the run."""
+
+
+def downtime(records: list[dict[str, Any]], events: list[Any]) -> tuple[float, list[str]]:
+    """Seconds the run spent not training after an interruption, and one table row per interruption.
+
+    A gap between two steps counts as downtime when an interruption event falls inside it; the
+    downtime is the gap minus one typical step (the median gap), the time the step would have taken.
+    """
+    times = [record["time"] for record in records]
+    gaps = sorted(later - earlier for earlier, later in itertools.pairwise(times))
+    typical = gaps[len(gaps) // 2] if gaps else 0.0
+    rows = ["| time (s into the run) | step | what | downtime s |", "|---|---|---|---|"]
+    total = 0.0
+    charged: set[int] = set()
+    for event in sorted((event for event in events if event.kind in INTERRUPTIONS), key=lambda item: item.time):
+        after = next((index for index, at in enumerate(times) if at > event.time), None)
+        lost = 0.0
+        if after is not None and after > 0 and after not in charged:  # one gap charged once, to its first event
+            charged.add(after)
+            lost = max(0.0, times[after] - times[after - 1] - typical)
+            total += lost
+        step = records[after - 1]["step"] if after else (records[-1]["step"] if after is None else 0)
+        what = f"{event.source} {event.kind}: {event.message}".replace("|", "/")
+        rows.append(f"| {event.time - times[0]:.0f} | {step} | {what} | {lost:.1f} |")
+    return total, (rows if len(rows) > 2 else [])
+
+
+CONFIG_SUMMARY = [("model", "model.path"), ("model init", "model.init"), ("dtype", "model.dtype"),
+                  ("environment", "rollout.environment"), ("engine", "rollout.engine"), ("engines", "rollout.engines"),
+                  ("router", "rollout.router"), ("group size", "rollout.group_size"),
+                  ("trainer backend", "trainer.backend"), ("trainer ranks", "trainer.ranks"),
+                  ("steps", "trainer.steps"), ("warm-up steps", "trainer.warmup.steps"),
+                  ("batch groups", "buffer.batch_groups"), ("max staleness", "buffer.staleness.max_staleness"),
+                  ("optimizer", "algo.optimizer"), ("sampling", "algo.sampling"), ("bus", "store.url"),
+                  ("seed", "run.seed"), ("deterministic", "run.deterministic")]
+
+
+def config_summary(run_dir: Path) -> list[str]:
+    """A table of the run's main settings, from its resolved ``config.json`` (as started or resumed)."""
+    import json
+
+    try:
+        raw = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return []
+    rows = ["| setting | value |", "|---|---|"]
+    for label, dotted in CONFIG_SUMMARY:
+        value: Any = raw
+        for part in dotted.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value not in (None, "", {}):
+            text = ", ".join(f"{key}={item}" for key, item in value.items()) if isinstance(value, dict) else value
+            rows.append(f"| {label} | {str(text).replace('|', '/')} |")
+    return rows if len(rows) > 2 else []
+
+
 def _committed_groups(run_dir: str | Path) -> tuple[list[dict[str, Any]] | None, str]:
     """Every group committed to the run's bus (``relayrl.cli.view.collect_groups``), read once for the
     tool table and the viewer; or None and why they could not be read."""
@@ -287,8 +346,13 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
         if rewards:
             break
     _, entropy = _series(records, "entropy/token_mean")
+    lost_s, interruptions = downtime(records, events)
     summary: dict[str, Any] = {"run": str(run_dir), "steps": len(records),
                                "wall_time_s": round(records[-1]["time"] - start_time, 1), "alarms": len(alarms)}
+    if interruptions:  # a run that survived kills does not look clean: its wall time includes the downtime
+        summary["interruptions"] = len(interruptions) - 2
+        summary["restarts"] = sum(event.kind == "restart" for event in events)
+        summary["downtime_s"] = round(lost_s, 1)
     if rewards:
         summary["reward_first_tenth"], summary["reward_last_tenth"] = (round(v, 4) for v in _tenths(rewards))
         summary["reward_metric"] = reward_source
@@ -307,6 +371,12 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
         markdown += ["Not recorded in this run: " + ", ".join(missing) + ".", ""]
     markdown += ["## Monitor alarms", ""]
     markdown += ([f"- step {event.data.get('step', '?')}: {event.message}" for event in alarms] or ["None."])
+    markdown += [""]
+    if interruptions:
+        markdown += ["## Interruptions (restarts, resumes) and their downtime", "", *interruptions, ""]
+    settings = config_summary(run_dir)
+    if settings:
+        markdown += ["## Config", "", *settings, ""]
     tenths = tenths_table(records)
     if tenths:
         markdown += ["## Per tenth of the run", "", *tenths, ""]
@@ -339,6 +409,10 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
     body += [f"<li>step {html.escape(str(event.data.get('step', '?')))}: {html.escape(event.message)}</li>"
              for event in alarms] or ["<li>None.</li>"]
     body += ["</ul>"]
+    if interruptions:
+        body += ["<h2>Interruptions (restarts, resumes) and their downtime</h2>", _markdown_table_html(interruptions)]
+    if settings:
+        body += ["<h2>Config</h2>", _markdown_table_html(settings)]
     body += [_viewer_link(run_dir, out, groups, groups_unreadable)]
     page = ("<!doctype html><html><head><meta charset='utf-8'><title>relayrl run report</title><style>"
             "body{font-family:sans-serif;max-width:60em;margin:2em auto}img{max-width:100%}"
