@@ -355,6 +355,12 @@ def test_an_ambiguous_manifest_write_does_not_wedge_the_publisher(store):
     other.publish(state(4), step=40)
     with pytest.raises(ConcurrentWriter, match="committed by another publisher"):
         other.close()  # waits for the publish, and re-raises its error
+    # Publishing on does not log it and retry forever: the next publish raises it.
+    third = Publisher(store, keep_versions=0, first_version=4)
+    third.publish(state(4), step=40)
+    with pytest.raises(ConcurrentWriter):
+        third.publish(state(5), step=50)
+    third.close()
 
 
 def test_a_long_lived_controller_keeps_a_bounded_number_of_manifests(store, monkeypatch):

@@ -178,6 +178,8 @@ class Publisher:
         with self._lock:
             try:
                 self.wait()
+            except ConcurrentWriter:  # another trainer writes this bus: publishing on would only fail again
+                raise
             except Exception as exc:
                 self.last_error = exc
                 log.warning("publishing weight version %d failed: %s", self.next_version, exc)

@@ -391,8 +391,8 @@ class Launcher:
                 return 0
             for child in (self.trainer, self.rollout):
                 if child.poll() == EXIT_FENCED:  # restarting it would only be fenced again
-                    raise RunFailed(f"{child.name} stopped: another launcher took over this run "
-                                    f"(see {child.log_path})")
+                    raise RunFailed(f"{child.name} stopped: another writer holds this run's bus (a newer launcher, "
+                                    f"or a trainer started by hand; see {child.log_path})")
             if status is not None:
                 self.trainer = self._restart(self.trainer, limit, self._trainer_child)
             for index, engine in enumerate(self.engines):
