@@ -11,7 +11,9 @@ Two launchers on one run share its bus; their trainers would each train and comm
 - The holder rewrites its object every ``ttl_s / 6`` seconds (the heartbeat) and marks it released
   when it exits. A lease is free when it is released, when its holder is provably dead (same host
   and boot, and its process is gone or is another process under a reused pid: decided at once), or,
-  for a holder on another host, when its heartbeat is older than ``ttl_s`` by this host's clock.
+  for a holder on another host, when its heartbeat is older than ``ttl_s`` by this host's clock
+  (clocks are assumed within a few seconds of each other). An unreadable lease object is free too: a
+  holder that is in fact alive finds itself superseded at its next heartbeat and stops.
 - A launcher that finds its lease superseded (it was paused past ``ttl_s`` and another took over)
   stops its fleet; trainer ranks check the fence before committing a step (:func:`check_fence`).
 """
