@@ -42,6 +42,13 @@ def test_engines_down_and_a_fleet_that_skips_everything(tmp_path):
     layout.write_status("rollout", {"engines": [{"engine_id": "engine-0", "alive": False}], "metrics": {}})
     assert "waiting 40s: no engine is serving (engine-0 down)" in display.line()
 
+    layout.write_status("rollout", {"engines": [
+        {"engine_id": "engine-0", "alive": True, "weight_sync": {"held_paused": True, "broken_version": None}},
+        {"engine_id": "engine-1", "alive": True, "weight_sync": {"held_paused": False, "broken_version": 7}}],
+        "metrics": {}})
+    assert ("no engine can serve: engine-0 paused after a failed weight apply; engine-1 cannot verify weight "
+            "version 7 (asked for a fresh snapshot)") in display.line()
+
     layout, display = display_for(tmp_path / "second")
     waiting(layout, 40)
     counters = {"fleet/groups": 5.0, "fleet/groups_graded": 9.0, "fleet/zero_variance_skipped": 4.0}
@@ -78,3 +85,16 @@ def test_a_child_that_died_shows_the_last_lines_of_its_log(tmp_path):
     display.tick()
     printed = display.stream.getvalue()
     assert "[launcher] restart: trainer died (exit 1)" in printed and "No space left on device" in printed
+
+
+def test_the_slowest_engines_last_weight_update_becomes_the_steps_weight_sync_metrics():
+    from relayrl.cli.run.rollout_process import weight_update_metrics
+
+    health = [{"engine_id": "engine-0", "weight_sync": {"fetch_s": 0.2, "pause_s": 0.01, "total_s": 0.3,
+                                                        "held_paused": False}},
+              {"engine_id": "engine-1", "weight_sync": {"fetch_s": 0.5, "pause_s": 0.03, "total_s": 0.6,
+                                                        "held_paused": True}},
+              {"engine_id": "engine-2", "alive": False}]
+    assert weight_update_metrics(health) == {"weight_sync/fetch_s": 0.5, "weight_sync/apply_s": 0.03,
+                                             "weight_sync/engine_update_s": 0.6, "fleet/engines_held_paused": 1.0}
+    assert weight_update_metrics([{"engine_id": "engine-0"}]) == {}

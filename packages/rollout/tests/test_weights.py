@@ -120,6 +120,10 @@ def test_engine_server_follows_the_bus(tmp_path, tiny_model_dir):
             time.sleep(0.1)
         span = generate(client, seed=3)
         assert set(span.token_versions()) == {2}
+        # /health carries the engine's last weight update, timed (the run's status and report show it).
+        updates = asyncio.run(client.health())["weight_sync"]
+        assert updates["version"] == 2 and updates["updates"] >= 1 and not updates["held_paused"]
+        assert updates["pause_s"] > 0 and updates["total_s"] >= updates["fetch_s"] > 0
         torch.testing.assert_close(recorded(span), replayed(trainer_model, PROMPT, span), atol=2e-4, rtol=0)
         publisher.close()
         asyncio.run(client.close())

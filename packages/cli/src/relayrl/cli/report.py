@@ -90,8 +90,9 @@ PLOTS: list[tuple[str, str, list[tuple[str, str]]]] = [
                                                       ("fleet/parallel_turn_share", "share of turns with parallel calls"),
                                                       ("fleet/compacted_share", "share of trajectories compacted")]),
     ("throughput", "Throughput (tokens/s)", [("trainer/tokens_per_s", "trainer"), ("fleet/tokens_per_s", "rollout fleet")]),
-    ("weight_sync", "Weight sync (s)", [("weight_sync/publish_s", "publish"), ("weight_sync/fetch_s", "fetch"),
-                                        ("weight_sync/apply_s", "apply (pause)")]),
+    ("weight_sync", "Weight sync (s)", [("weight_sync/publish_s", "publish"),
+                                        ("weight_sync/fetch_s", "fetch (slowest engine)"),
+                                        ("weight_sync/apply_s", "apply pause (slowest engine)")]),
 ]
 
 

@@ -31,7 +31,7 @@ from relayrl.rollout.engines.torch_engine import TorchEngine
 from relayrl.rollout.protocol import WeightSyncTarget
 from relayrl.weight_sync import Controller, EngineAdapter, StateDictAdapter
 
-__all__ = ["ShadowAdapter", "TorchEngineAdapter", "adapter_for", "start_controller"]
+__all__ = ["ShadowAdapter", "TorchEngineAdapter", "adapter_for", "apply_timings", "start_controller"]
 
 
 class TorchEngineAdapter(StateDictAdapter):
@@ -144,3 +144,15 @@ def start_controller(engine: Any, store: Store, *, prefix: str = "weights", poll
     thread = threading.Thread(target=controller.run, args=(stop,), name=f"{name}-weights", daemon=True)
     thread.start()
     return controller, stop, thread
+
+
+def apply_timings(controller: Controller) -> dict[str, Any]:
+    """The engine's last weight update as its health reports it: seconds of each phase, and whether
+    it is held paused (a failed apply) or stuck on a version no route verifies (a repair asked for)."""
+    info: dict[str, Any] = {"held_paused": controller.held_paused, "broken_version": controller.broken}
+    if controller.reports:
+        last = controller.reports[-1]
+        info.update(version=last.version, route=last.route, fetch_s=round(last.fetch_s, 4),
+                    decode_s=round(last.decode_s, 4), pause_s=round(last.pause_s, 4), apply_s=round(last.apply_s, 4),
+                    total_s=round(last.total_s, 4), updates=len(controller.reports))
+    return info

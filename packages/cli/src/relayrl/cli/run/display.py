@@ -153,6 +153,13 @@ class Display:
                       "zero-variance (every sample of a task got the same reward)")
         elif engines and len(down) == len(engines):
             reason = f"no engine is serving ({', '.join(down)} down)"
+        elif engines and all(_weights(engine).get("held_paused") or _weights(engine).get("broken_version") is not None
+                             for engine in engines):
+            stuck = [f"{engine.get('engine_id', '?')} " + (
+                "paused after a failed weight apply" if _weights(engine).get("held_paused") else
+                f"cannot verify weight version {_weights(engine)['broken_version']} (asked for a fresh snapshot)")
+                for engine in engines]
+            reason = "no engine can serve: " + "; ".join(stuck)
         elif not rollout:
             reason = "the rollout process has not reported yet"
         elif watched and grown["fleet/groups_graded"] <= 0:
@@ -174,6 +181,12 @@ class Display:
         self._read_metrics()
         self._print_events()
         self._draw(self.line(), keep=True)
+
+
+def _weights(engine: dict[str, Any]) -> dict[str, Any]:
+    """An engine health's weight-update part (``{}`` when it reports none)."""
+    value = engine.get("weight_sync")
+    return value if isinstance(value, dict) else {}
 
 
 def _duration(seconds: float) -> str:

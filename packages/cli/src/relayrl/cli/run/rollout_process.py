@@ -42,6 +42,7 @@ from relayrl.rollout.models import load_tokenizer, make_chat_format
 from relayrl.rollout.periodic_eval import PeriodicEval
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
+from relayrl.rollout.weights import apply_timings
 
 __all__ = ["main", "run_rollout"]
 
@@ -57,8 +58,9 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
     environment = build_environment(section, sandbox=layout.sandbox_section(config), pm=pm)
     tokenizer = load_tokenizer(layout.model_path(config))
     chat = make_chat_format(config.model, tokenizer)
+    controllers: dict[str, Any] = {}  # engine id -> its weight controller, for engines hosted here
     if section.engines_in_process:
-        engines = await in_process_engines(layout, config, pm=pm)
+        engines = await in_process_engines(layout, config, pm=pm, controllers=controllers)
         router = build_router(section, engines, deployment=str(layout.root), pm=pm)
     else:
         engines = [HttpEngine(url, engine_id=f"engine-{index}") for index, url in enumerate(engine_urls)]
@@ -84,6 +86,7 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
     def write_status() -> None:
         layout.write_status("rollout", {
             "metrics": {**manager.metrics(), **environment.metrics(), **(evaluator.metrics() if evaluator else {}),
+                        **weight_update_metrics(health),
                         "fleet/engines_alive": float(sum(bool(item.get("alive")) for item in health)),
                         "fleet/engine_version_min": float(min((item.get("version", 0) for item in health),
                                                               default=0)),
@@ -103,6 +106,10 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
             write_fleet_counters(bus, section.producer_id, manager.fleet_counters())
             if beat % 4 == 0:  # the status, with every engine's health, once a second from the start
                 health[:] = await asyncio.gather(*(engine.health() for engine in engines))
+                for item in health:  # engines hosted here report their weight updates through their controller
+                    controller = controllers.get(item.get("engine_id", ""))
+                    if controller is not None:
+                        item["weight_sync"] = apply_timings(controller)
                 write_status()
             beat += 1
             await asyncio.sleep(0.25)
@@ -123,7 +130,24 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         await router.close()  # closes the engines (clients or in-process engines) too
 
 
-async def in_process_engines(layout: RunLayout, config: Config, *, pm: Any = None) -> list[Any]:
+def weight_update_metrics(health: list[dict[str, Any]]) -> dict[str, float]:
+    """The slowest engine's last weight update (``weight_sync/fetch_s``, ``weight_sync/apply_s``: its
+    pause), from the engines' health; the report plots them next to the trainer's publish time."""
+    timings = [item["weight_sync"] for item in health if isinstance(item.get("weight_sync"), dict)]
+    metrics = {}
+    for name, key in (("weight_sync/fetch_s", "fetch_s"), ("weight_sync/apply_s", "pause_s"),
+                      ("weight_sync/engine_update_s", "total_s")):
+        values = [float(timing[key]) for timing in timings if isinstance(timing.get(key), (int, float))]
+        if values:
+            metrics[name] = max(values)
+    held = sum(bool(timing.get("held_paused")) for timing in timings)
+    if timings:
+        metrics["fleet/engines_held_paused"] = float(held)
+    return metrics
+
+
+async def in_process_engines(layout: RunLayout, config: Config, *, pm: Any = None,
+                             controllers: dict[str, Any] | None = None) -> list[Any]:
     """The ``[rollout]`` engines built in this process, each following the bus with its own controller.
 
     Like the engine servers' ``--wait-for-weights``: returns once every engine serves a published
@@ -140,8 +164,10 @@ async def in_process_engines(layout: RunLayout, config: Config, *, pm: Any = Non
         options = {"dtype": config.model.dtype, **section.engine_options}
         engine = factory(str(layout.model_path(config)), engine_id=f"engine-{index}", version=0,
                          max_batch=section.max_batch, seed=config.run.seed + index, **options)
-        start_controller(engine, bus, prefix=config.weight_sync.prefix,
-                         poll_interval_s=config.weight_sync.poll_interval_s)
+        controller, _, _ = start_controller(engine, bus, prefix=config.weight_sync.prefix,
+                                            poll_interval_s=config.weight_sync.poll_interval_s)
+        if controllers is not None:
+            controllers[engine.engine_id] = controller
         engines.append(engine)
     deadline = time.monotonic() + section.start_timeout_s
     while any(engine.served_version <= 0 for engine in engines):

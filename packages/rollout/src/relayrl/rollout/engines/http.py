@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -43,8 +43,9 @@ _event_decoder = msgspec.json.Decoder(StreamEvent)
 _request_decoder = msgspec.json.Decoder(GenerateRequest)
 
 
-def build_app(engine: InferenceEngine, *, tokenizer: Any = None, model_name: str = "relayrl") -> web.Application:
-    """An aiohttp application serving ``engine``."""
+def build_app(engine: InferenceEngine, *, tokenizer: Any = None, model_name: str = "relayrl",
+              health_extra: Callable[[], dict[str, Any]] | None = None) -> web.Application:
+    """An aiohttp application serving ``engine``; ``health_extra`` adds ``weight_sync`` to ``/health``."""
     app = web.Application()
 
     async def generate(request: web.Request) -> web.StreamResponse:
@@ -105,7 +106,10 @@ def build_app(engine: InferenceEngine, *, tokenizer: Any = None, model_name: str
         })
 
     async def health(request: web.Request) -> web.Response:
-        return web.json_response(await engine.health())
+        report = await engine.health()
+        if health_extra is not None:  # the engine's weight updates: what the run's status and report show
+            report = {**report, "weight_sync": health_extra()}
+        return web.json_response(report)
 
     app.router.add_post("/generate", generate)
     app.router.add_post("/v1/completions", completions)
@@ -223,7 +227,12 @@ async def _serve(args: argparse.Namespace) -> None:
                 if time.monotonic() > deadline:
                     raise SystemExit(f"no weight version applied from {args.bus} within {args.wait_for_weights} s")
                 await asyncio.sleep(0.05)
-    runner = web.AppRunner(build_app(engine, tokenizer=tokenizer, model_name=args.model))
+    extra = None
+    if controller is not None:
+        from relayrl.rollout.weights import apply_timings
+
+        extra = lambda: apply_timings(controller)  # noqa: E731 - bound to this server's controller
+    runner = web.AppRunner(build_app(engine, tokenizer=tokenizer, model_name=args.model, health_extra=extra))
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)
     await site.start()
