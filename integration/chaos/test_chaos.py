@@ -28,7 +28,7 @@ from relayrl.trainer.metrics import read_metrics
 from relayrl.weight_sync import WeightBus
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = 30
+STEPS = 20
 # Short and fast: a tiny warm-up cannot solve anything, so zero-variance groups are trained on
 # (zero advantage) instead of skipped; a small staleness bound makes the buffer drop groups too.
 SHORT = ["--set", "trainer.warmup.steps=5", "--set", "rollout.environment_options.tasks=2000",
@@ -36,13 +36,12 @@ SHORT = ["--set", "trainer.warmup.steps=5", "--set", "rollout.environment_option
          "--set", "buffer.admission=['staleness']", "--set", "buffer.staleness.max_staleness=1",
          "--set", "rollout.max_restarts=20"]
 # Which process dies when the trainer has completed how many steps (each victim at least once).
-KILLS = [(4, "trainer"), (8, "engine-0"), (12, "rollout"), (16, "trainer"), (20, "engine-0"), (23, "rollout"),
-         (25, "trainer")]
+KILLS = [(4, "trainer"), (8, "engine-0"), (11, "rollout"), (14, "trainer")]
 # Before these kills, damage on disk: the snapshot the engine must bootstrap from (the trainer
 # republishes a fresh one when the engine asks), and the trainer's newest checkpoint (it resumes
 # from the one before).
-CORRUPT = {8: "weights", 16: "checkpoint"}
-LAUNCHER_KILL_AT = 27
+CORRUPT = {8: "weights", 14: "checkpoint"}
+LAUNCHER_KILL_AT = 17
 SEED = 11
 
 

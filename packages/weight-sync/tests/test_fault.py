@@ -158,7 +158,9 @@ def _run_kills(url: str, kills: int, max_delay_s: float, seed: int) -> None:
     assert not poller.violations, poller.violations[:3]
     assert poller.applied == sorted(poller.applied), "the controller went backwards"
     assert newest_seen[-1] is not None and newest_seen[-1] > kills // 4, "publishers committed too little to test"
-    assert debris_seen > 0, "no kill landed mid-publish; the test tested nothing"
+    # Mid-publish: a kill left objects no manifest references, or one landed between a manifest's commit
+    # and the ``latest`` pointer's update (on a fast store the uploads themselves are a narrow window).
+    assert debris_seen + lagging_pointer > 0, "no kill landed mid-publish; the test tested nothing"
     final = poller.engine
     if final.served_version() is not None:
         assert _holds(final, final.served_version())

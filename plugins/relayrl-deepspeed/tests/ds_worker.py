@@ -1,10 +1,13 @@
 """Run under torchrun: one DeepSpeed step on a fixed batch, gradients compared with the torch backend.
 
-Usage: torchrun --nproc_per_node=2 ds_worker.py STAGE BF16 MUON OUT_JSON
+Usage: torchrun --nproc_per_node=2 ds_worker.py STAGE:BF16:MUON[,STAGE:BF16:MUON...] OUT_DIR
+
+Each configuration (e.g. ``3:1:1``: ZeRO-3, bf16, Muon) trains a fresh model in the same process
+group, one after the other: a launch of two ranks costs ~30 s of imports on 2 cores, a configuration
+a few seconds. Rank 0 writes ``OUT_DIR/stageS-B-M.json`` for each.
 
 With MUON=1 hidden matrices use DeepSpeed's Muon, whose ZeRO integration orthogonalises their
 gradients during reduction: raw gradients are then comparable for the AdamW parameters only.
-Rank 0 writes the comparison to OUT_JSON.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ def groups_for(model):
     return asyncio.run(run())
 
 
-def main(stage: int, bf16: bool, muon: bool, out: str) -> None:
+def check(stage: int, bf16: bool, muon: bool, out: str) -> None:
     from relayrl.algo.config import AlgoSection
     from relayrl.algo.optim import OptimizerConfig
     from relayrl.rollout.testing.models import tiny_llama
@@ -98,8 +101,15 @@ def main(stage: int, bf16: bool, muon: bool, out: str) -> None:
         with open(out, "w") as handle:
             json.dump(report, handle)
     dist.barrier()
+    trainer.engine.destroy()
+
+
+def main(configurations: str, out_dir: str) -> None:
+    for configuration in configurations.split(","):
+        stage, bf16, muon = (int(part) for part in configuration.split(":"))
+        check(stage, bool(bf16), bool(muon), f"{out_dir}/stage{stage}-{bf16}-{muon}.json")
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2] == "1", sys.argv[3] == "1", sys.argv[4])
+    main(sys.argv[1], sys.argv[2])

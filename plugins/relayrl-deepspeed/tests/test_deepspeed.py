@@ -20,19 +20,27 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_two_ranks(tmp_path, stage: int, bf16: bool, muon: bool) -> dict:
-    out = tmp_path / f"stage{stage}-{int(bf16)}-{int(muon)}.json"
+CONFIGURATIONS = [(1, False, False), (2, False, False), (3, False, False), (2, True, True), (3, True, True)]
+"""(ZeRO stage, bf16, Muon): every configuration the tests below compare with the torch backend."""
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[tuple[int, bool, bool], dict]:
+    """One launch of two ranks runs every configuration (a launch costs far more than a configuration)."""
+    out = tmp_path_factory.mktemp("ds-reports")
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", MASTER_ADDR="127.0.0.1")
+    listing = ",".join(f"{stage}:{int(bf16)}:{int(muon)}" for stage, bf16, muon in CONFIGURATIONS)
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
-               str(WORKER), str(stage), "1" if bf16 else "0", "1" if muon else "0", str(out)]
+               str(WORKER), listing, str(out)]
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    return json.loads(out.read_text())
+    return {(stage, bf16, muon): json.loads((out / f"stage{stage}-{int(bf16)}-{int(muon)}.json").read_text())
+            for stage, bf16, muon in CONFIGURATIONS}
 
 
 @pytest.mark.parametrize("stage", [1, 2, 3])
-def test_fp32_gradients_match_the_torch_backend(tmp_path, stage):
-    report = run_two_ranks(tmp_path, stage, bf16=False, muon=False)
+def test_fp32_gradients_match_the_torch_backend(reports, stage):
+    report = reports[stage, False, False]
     assert report["optimizer"] == "AdamW" and report["muon_parameters"] == []
     assert report["missing"] == []
     assert report["targets"] == report["reference_targets"]
@@ -43,8 +51,8 @@ def test_fp32_gradients_match_the_torch_backend(tmp_path, stage):
 
 
 @pytest.mark.parametrize("stage", [2, 3])
-def test_bf16_with_muon_trains_and_publishes(tmp_path, stage):
-    report = run_two_ranks(tmp_path, stage, bf16=True, muon=True)
+def test_bf16_with_muon_trains_and_publishes(reports, stage):
+    report = reports[stage, True, True]
     assert report["optimizer"] == "Muon"
     assert report["muon_parameters"] and all("proj" in name for name in report["muon_parameters"])
     assert report["missing"] == []  # AdamW parameters (embeddings, norms) compared in bf16
