@@ -202,12 +202,17 @@ def test_an_interrupted_eval_continues_to_exactly_what_an_uninterrupted_one_reco
     records = out / "samples.jsonl"
     process = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "eval", str(run_dir), *common, "--out", str(out),
                                 "--concurrency", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # The whole eval takes a few seconds: on a loaded machine it could finish between a check of its
+    # records and the Ctrl-C. So it runs in 20 ms slices and is frozen (SIGSTOP) whenever it is checked:
+    # once it has recorded a few tasks, Ctrl-C reaches it mid-eval, wherever the slices fell.
     deadline = time.monotonic() + 300
-    while not (records.exists() and records.read_text().count("\n") >= 4) and time.monotonic() < deadline:
-        assert process.poll() is None, process.stdout.read()
-        time.sleep(0.01)
-    # A sample takes ~50 ms: frozen first, the eval cannot finish between the check and Ctrl-C.
-    process.send_signal(signal.SIGSTOP)
+    while True:
+        process.send_signal(signal.SIGSTOP)
+        if records.exists() and records.read_text().count("\n") >= 4:
+            break
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+        process.send_signal(signal.SIGCONT)
+        time.sleep(0.02)
     process.send_signal(signal.SIGINT)
     process.send_signal(signal.SIGCONT)
     output, _ = process.communicate(timeout=120)
