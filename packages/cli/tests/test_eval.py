@@ -200,8 +200,11 @@ def test_an_interrupted_eval_continues_to_exactly_what_an_uninterrupted_one_reco
     whole_summary = tmp_path / "whole" / "summary.json"
     out = tmp_path / "interrupted"
     records = out / "samples.jsonl"
+    # As a user's foreground eval: a process started in the background by a non-interactive shell (as
+    # CI's lanes are) inherits SIGINT ignored, and Python then keeps ignoring it.
     process = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "eval", str(run_dir), *common, "--out", str(out),
-                                "--concurrency", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                "--concurrency", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # The whole eval takes a few seconds: on a loaded machine it could finish between a check of its
     # records and the Ctrl-C. So it runs in 20 ms slices and is frozen (SIGSTOP) whenever it is checked:
     # once it has recorded a few tasks, Ctrl-C reaches it mid-eval, wherever the slices fell.
