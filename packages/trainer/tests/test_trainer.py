@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 
 import pytest
@@ -10,37 +9,11 @@ import torch
 
 from relayrl.algo.config import AlgoSection
 from relayrl.algo.optim import OptimizerConfig
-from relayrl.core.arrays import pack_u32
-from relayrl.core.wire import Group, Trajectory, TrajectorySegment, Turn
-from relayrl.rollout.engines.torch_engine import TorchEngine
-from relayrl.rollout.protocol import GenerateRequest, SamplingParams
+from relayrl.rollout.testing.groups import generate_groups
 from relayrl.rollout.testing.models import tiny_llama
 from relayrl.trainer.batch import build_sequences
 from relayrl.trainer.config import TrainerSection
 from relayrl.trainer.torch_backend import TorchTrainer
-
-
-def generate_groups(model, *, groups=3, size=4, top_p=0.9, max_tokens=10, rewards=None, version=0):
-    engine = TorchEngine(model, version=version)
-
-    async def run():
-        out = []
-        for g in range(groups):
-            prompt = [1, 3 + g, 7 + g]
-            spans = await asyncio.gather(*(engine.generate(GenerateRequest(
-                request_id=f"{g}-{i}", prompt=prompt, params=SamplingParams(max_tokens=max_tokens, top_p=top_p,
-                                                                            seed=100 * g + i)))
-                for i in range(size)))
-            trajectories = [Trajectory(trajectory_id=f"{g}-{i}", task_id=f"task{g}", group_id=str(g), sample_index=i,
-                                       reward=(rewards[g][i] if rewards else float(i % 2)),
-                                       segments=[TrajectorySegment(turns=[Turn(role="user", tokens=pack_u32(prompt)),
-                                                                          Turn(role="assistant", generated=span)])])
-                            for i, span in enumerate(spans)]
-            out.append(Group(group_id=str(g), task_id=f"task{g}", trajectories=trajectories))
-        await engine.close()
-        return out
-
-    return asyncio.run(run())
 
 
 def algo(**overrides) -> AlgoSection:
@@ -158,13 +131,31 @@ def test_staleness_is_measured_against_the_trainer_version():
 
 def test_backend_registered_and_config_validated():
     from relayrl.core.config import ConfigError, load_config
-    from relayrl.core.plugins import registrations
+    from relayrl.core.plugins import Registration, create_plugin_manager, hookimpl, registrations
 
     assert "torch" in registrations(None, "relayrl_trainer_backends")
     assert load_config({"trainer": {"micro_batch_tokens": 64}}).trainer.micro_batch_tokens == 64
     with pytest.raises(ConfigError, match="trainer.backend: unknown trainer backend 'jax'"):
         load_config({"trainer": {"backend": "jax"}})
-    with pytest.raises(ConfigError, match="trainer.ranks: backend 'torch' trains in one process"):
-        load_config({"trainer": {"ranks": 2}})
+    assert load_config({"trainer": {"ranks": 2, "elastic": True}}).trainer.elastic  # torch: data-parallel, elastic
+    with pytest.raises(ConfigError, match="trainer.elastic: needs ranks > 1"):
+        load_config({"trainer": {"elastic": True}})
+
+    def sharded(model, **kwargs):  # data-parallel, its ranks holding shards (as DeepSpeed ZeRO): not elastic
+        return None
+
+    sharded.data_parallel = True
+
+    class Backends:
+        @hookimpl
+        def relayrl_trainer_backends(self):
+            yield Registration("solo", lambda model, **kwargs: None, "one process only")
+            yield Registration("sharded", sharded, "data-parallel, not elastic")
+
+    pm = create_plugin_manager(plugins=[("backends", Backends())])
+    with pytest.raises(ConfigError, match="trainer.ranks: backend 'solo' trains in one process"):
+        load_config({"trainer": {"backend": "solo", "ranks": 2}}, pm=pm)
+    with pytest.raises(ConfigError, match="trainer.elastic: backend 'sharded' cannot change its number of ranks"):
+        load_config({"trainer": {"backend": "sharded", "ranks": 2, "elastic": True}}, pm=pm)
     with pytest.raises(ConfigError, match="trainer.ranks: must be at least 1"):
         load_config({"trainer": {"ranks": 0}})

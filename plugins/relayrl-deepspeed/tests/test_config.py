@@ -34,6 +34,9 @@ def test_section_registered_and_validated():
     assert config.deepspeed.zero_stage == 3
     two_ranks = {"trainer": {"backend": "deepspeed", "ranks": 2}, "deepspeed": {"bf16": False}}
     assert load_config(two_ranks).trainer.ranks == 2  # a data-parallel backend
+    # ZeRO shards the model and optimiser over the ranks: the group cannot shrink under it (one line says so).
+    with pytest.raises(ConfigError, match="trainer.elastic: backend 'deepspeed' cannot change its number of ranks"):
+        load_config({**two_ranks, "trainer": {**two_ranks["trainer"], "elastic": True}})
     with pytest.raises(ConfigError, match="deepspeed.zero_stage: must be 1, 2 or 3"):
         load_config({"deepspeed": {"zero_stage": 4}})
 

@@ -7,7 +7,14 @@ from collections import Counter
 import torch
 import torch.distributed as dist
 
-__all__ = ["all_reduce_gradients", "all_reduce_metric_sums"]
+__all__ = ["all_reduce_gradients", "all_reduce_metric_sums", "data_parallel_shard"]
+
+
+def data_parallel_shard() -> tuple[int, int]:
+    """``(rank, world size)`` of this process's default process group; ``(0, 1)`` when there is none."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def all_reduce_metric_sums(sums: Counter[str]) -> Counter[str]:

@@ -25,4 +25,11 @@ def relayrl_trainer_backends() -> Iterable[Registration[Any]]:
     True``: under ``[trainer] ranks`` > 1 it is built in every rank's process, with torch.distributed
     already initialised, and every rank passes it the same groups; its ``state_dict()`` is then this
     rank's checkpoint shard.
+
+    A data-parallel backend whose every rank holds the whole model and optimiser state, and whose
+    step's gradient does not depend on the number of ranks, may also set ``factory.elastic = True``
+    (the built-in ``torch`` backend does): ``[trainer] elastic = true`` then lets the ranks shrink
+    and regrow between steps (the process group is re-formed with a new world size, ``step`` reads
+    it from torch.distributed's default group, and a rank that joins receives rank 0's
+    ``state_dict()``). A step whose collective fails must leave no gradient behind: it is redone.
     """

@@ -9,6 +9,12 @@ One :meth:`TorchTrainer.step` per batch of groups:
    batch's *global* denominator), backward, accumulating gradients;
 4. clip, one optimiser step (Muon + AdamW), bump the policy version.
 
+Data parallelism: when torch.distributed's default group has more than one rank (``[trainer]
+ranks``), every rank holds the whole model, runs its share of the micro-batches of the *same*
+batch, and the gradients and metric sums are summed over ranks before the (identical) optimiser
+step; the batch's gradient does not depend on the number of ranks, so the group can shrink and
+regrow between steps (``[trainer] elastic``).
+
 There is one optimiser step per batch, so the policy the batch is trained from is the current one:
 ``old_logprobs`` are the replayed logprobs, detached, and every ratio starts at 1. The
 train/inference mismatch is measured (and corrected) between those and the engine's recorded
@@ -50,8 +56,20 @@ class TorchTrainer:
 
     def step(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
         """Train on ``groups`` (one optimiser step; ``weights`` scale each group's advantages); return metrics."""
+        from relayrl.trainer.distributed import all_reduce_gradients, all_reduce_metric_sums, data_parallel_shard
+
         started = time.perf_counter()
-        metrics = self.accumulate_gradients(groups, weights=weights)
+        shard = data_parallel_shard()
+        # A step redone after a failed collective must not add to the failed attempt's gradients.
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            metrics = self.accumulate_gradients(groups, weights=weights, shard=shard,
+                                                reduce_sums=all_reduce_metric_sums if shard[1] > 1 else None)
+            if shard[1] > 1:
+                all_reduce_gradients([p for p in self.model.parameters() if p.requires_grad])
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
         metrics.update(self.apply_gradients())
         elapsed = time.perf_counter() - started
         metrics["trainer/step_s"] = elapsed
