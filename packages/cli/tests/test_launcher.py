@@ -92,3 +92,38 @@ def test_trainer_ranks_stop_through_the_leader(tmp_path):
     assert wait_for_status(group) == 0
     assert [child.poll() for child in group.ranks] == [0, 0]
     group.wait(10)
+
+
+def test_elastic_trainer_ranks_restart_a_follower_alone_and_end_with_the_leader(tmp_path):
+    restarts: list[tuple[str, int, int, bool]] = []
+    group = TrainerRanks([sys.executable, "-c", RANK, str(tmp_path / "stop")], tmp_path, 3,
+                         env={**os.environ, "FOLLOWER_EXIT": "3"}, elastic=True, max_restarts=2,
+                         on_rank_restart=lambda name, status, count, tail, restarted:
+                         restarts.append((name, status, count, restarted)))
+    group.start()
+    leader = group.ranks[0].process.pid
+    deadline = time.monotonic() + 30
+    # Both followers exit with 3 every time: each is restarted alone twice, then left out.
+    while len(restarts) < 6:
+        assert group.poll() is None, "a follower's exit ended the elastic group"
+        assert time.monotonic() < deadline, restarts
+        time.sleep(0.05)
+    assert sorted(restarts) == sorted((name, 3, count, restarted) for name in ("trainer-1", "trainer-2")
+                                      for count, restarted in ((1, True), (2, True), (2, False)))
+    assert group.ranks[0].process.pid == leader and group.ranks[0].poll() is None
+    assert set(group.pids()) == {"trainer"}  # the given-up followers are not restarted again
+    time.sleep(1.0)
+    assert group.poll() is None and len(restarts) == 6
+    group.terminate()  # the leader's exit ends the group
+    assert wait_for_status(group) == 0
+    group.wait(10)
+
+
+def test_elastic_trainer_ranks_report_the_leaders_failure(tmp_path):
+    env = {key: value for key, value in os.environ.items() if key != "FOLLOWER_EXIT"}
+    group = TrainerRanks([sys.executable, "-c", RANK, str(tmp_path / "stop")], tmp_path, 2, env=env, elastic=True)
+    group.start()
+    time.sleep(0.5)
+    os.kill(group.ranks[0].process.pid, signal.SIGKILL)
+    assert wait_for_status(group) == -signal.SIGKILL and group.failed == "trainer"
+    assert group.ranks[1].poll() is not None  # the follower was stopped with it (a full restart follows)

@@ -132,12 +132,21 @@ class TrainerRanks:
     every rank committed). To stop, only the leader (rank 0) is asked: it finishes its step and
     checkpoint, then tells the other ranks to stop. Each rank logs to ``trainer.log`` (rank 0) or
     ``trainer-<rank>.log``.
+
+    ``elastic`` (``[trainer] elastic``): only the leader's exit ends the group. Another rank that
+    exits is restarted alone (up to ``max_restarts`` times; after that the others train on without
+    it), and ``on_rank_restart(name, status, restarts, log_tail, restarted)`` says so; the leader
+    shrinks the group meanwhile and admits the new process at a step boundary.
     """
 
     name = "trainer"
 
-    def __init__(self, argv: list[str], logs: Path, world: int, env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], logs: Path, world: int, env: dict[str, str], *, elastic: bool = False,
+                 max_restarts: int = 0,
+                 on_rank_restart: Callable[[str, int, int, list[str], bool], None] = lambda *_: None) -> None:
         self.argv, self.logs, self.world, self.env = argv, logs, world, env
+        self.elastic, self.max_restarts, self.on_rank_restart = elastic, max_restarts, on_rank_restart
+        self._given_up: set[str] = set()
         self.ranks: list[Child] = []
         self.restarts = 0
         self.failed: str | None = None
@@ -171,6 +180,8 @@ class TrainerRanks:
         """None while the group runs; 0 once every rank exited cleanly; else the first failure's status."""
         if self._failure is not None:  # the ranks killed below must not be reported as the failure
             return self._failure
+        if self.elastic:
+            return self._poll_elastic()
         statuses = [child.poll() for child in self.ranks]
         failed = [(child.name, status) for child, status in zip(self.ranks, statuses) if status not in (None, 0)]
         if failed:
@@ -180,6 +191,32 @@ class TrainerRanks:
             return self._failure
         if all(status == 0 for status in statuses):
             return 0
+        return None
+
+    def _poll_elastic(self) -> int | None:
+        """The leader's status; any other rank that has exited is restarted on its own."""
+        leader = self.ranks[0].poll()
+        if leader is not None:
+            for child in self.ranks[1:]:
+                child.wait(0 if leader != 0 else 10)  # after a clean stop they are leaving already
+            if leader != 0:
+                self.failed, self._failure = "trainer", leader
+            return leader
+        for index, child in enumerate(self.ranks[1:], start=1):
+            status = child.poll()
+            if status is None or child.name in self._given_up:
+                continue
+            tail = log_tail(child.log_path)
+            child.wait(0)
+            if child.restarts >= self.max_restarts:
+                self._given_up.add(child.name)
+                self.on_rank_restart(child.name, status, child.restarts, tail, False)
+                continue
+            fresh = Child(child.name, self.argv, child.log_path, env=child.env)
+            fresh.start()
+            fresh.restarts = child.restarts + 1
+            self.ranks[index] = fresh
+            self.on_rank_restart(child.name, status, fresh.restarts, tail, True)
         return None
 
     def terminate(self) -> None:
@@ -255,7 +292,9 @@ class Launcher:
     def _trainer_child(self) -> Child | TrainerRanks:
         argv = [self.python, "-m", "relayrl.cli.run.trainer_process", str(self.layout.root)]
         if self.config.trainer.ranks > 1:
-            return TrainerRanks(argv, self.layout.logs, self.config.trainer.ranks, env=self._env())
+            return TrainerRanks(argv, self.layout.logs, self.config.trainer.ranks, env=self._env(),
+                                elastic=self.config.trainer.elastic, max_restarts=self.config.rollout.max_restarts,
+                                on_rank_restart=self._rank_restarted)
         return Child("trainer", argv, self.layout.logs / "trainer.log", env=self._env())
 
     def _engine_child(self, index: int, port: int = 0) -> Child:
@@ -401,6 +440,18 @@ class Launcher:
             if self.rollout.poll() is not None:
                 self.rollout = self._restart(self.rollout, limit, self._rollout_child)
             time.sleep(0.5)
+
+    def _rank_restarted(self, name: str, status: int, restarts: int, tail: list[str], restarted: bool) -> None:
+        """An elastic trainer rank exited: the leader trains on without it; say whether it comes back."""
+        data = {"process": name, "exit": status, "restarts": restarts, "log_tail": tail, "elastic": True,
+                "log": str(self.layout.logs / f"{name}.log")}
+        if restarted:
+            write_event(self.layout, "launcher", "restart", f"{name} died (exit {status}); restarting it alone "
+                        "(elastic: the other ranks train on and admit it at a step boundary)", level="warning",
+                        data=data)
+        else:
+            write_event(self.layout, "launcher", "restart", f"{name} died (exit {status}) after {restarts} restarts; "
+                        "not restarting it: the other ranks train on without it", level="error", data=data)
 
     def _revive_engine(self, index: int) -> Child:
         child, _ = self._start_engine(index, self.engine_ports[index])  # same port: the router finds it again

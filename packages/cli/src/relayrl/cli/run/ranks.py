@@ -24,20 +24,36 @@ import torch.distributed as dist
 
 from relayrl.core.wire import Group
 
-__all__ = ["Decision", "Ranks"]
+__all__ = ["Decision", "Ranks", "broadcast_decision"]
 
 # A rank waits in a collective while the leader warms up or recovers: allow for that, not forever
-# (a dead rank is noticed by the launcher, which restarts the whole group).
+# (a dead rank is noticed by the launcher, which restarts the whole group; with [trainer] elastic,
+# see relayrl.cli.run.elastic).
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=1)
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """What every rank does next: ``train`` (on ``groups`` with ``weights``), ``wait`` or ``stop``."""
+    """What every rank does next: ``train`` (on ``groups`` with ``weights``), ``wait``, ``stop``,
+    ``republish``, or (elastic ranks) ``regroup`` into the group ``view`` describes."""
 
     kind: str
     groups: list[Group] = dataclasses.field(default_factory=list)
     weights: list[float] | None = None
+    view: bytes | None = None
+    """``regroup``: the encoded :class:`relayrl.cli.run.elastic.View` every member forms next."""
+
+
+def broadcast_decision(ranks: Any, decision: Decision | None) -> Decision:
+    """The leader's decision on every rank of ``ranks`` (world > 1); groups travel msgpack-encoded."""
+    message = None
+    if ranks.leader:
+        assert decision is not None
+        message = (decision.kind, msgspec.msgpack.encode(decision.groups), decision.weights, decision.view)
+    kind, groups, weights, view = ranks.broadcast(message)
+    if ranks.leader:
+        return decision  # type: ignore[return-value]
+    return Decision(kind, msgspec.msgpack.decode(groups, type=list[Group]), weights, view)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +62,7 @@ class Ranks:
 
     rank: int = 0
     world: int = 1
+    elastic = False
 
     @classmethod
     def from_env(cls) -> Ranks:
@@ -70,18 +87,11 @@ class Ranks:
         return box[0]
 
     def broadcast_decision(self, decision: Decision | None) -> Decision:
-        """The leader's decision on every rank; groups travel msgpack-encoded (compact, typed)."""
+        """The leader's decision on every rank (see :func:`broadcast_decision`)."""
         if self.world == 1:
             assert decision is not None
             return decision
-        message = None
-        if self.leader:
-            assert decision is not None
-            message = (decision.kind, msgspec.msgpack.encode(decision.groups), decision.weights)
-        kind, groups, weights = self.broadcast(message)
-        if self.leader:
-            return decision  # type: ignore[return-value]
-        return Decision(kind, msgspec.msgpack.decode(groups, type=list[Group]), weights)
+        return broadcast_decision(self, decision)
 
     def broadcast_module(self, module: torch.nn.Module) -> None:
         """Copy the leader's parameters and buffers into every rank's ``module`` (after the warm-up)."""

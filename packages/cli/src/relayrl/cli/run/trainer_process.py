@@ -20,12 +20,15 @@ SIGTERM or SIGINT ends the run after the current step, with its checkpoint writt
 
 With ``[trainer] ranks`` > 1 the launcher starts one such process per data-parallel rank (a backend
 that trains as one of several ranks, e.g. DeepSpeed ZeRO); rank 0 leads and the others follow its
-decisions (see :mod:`relayrl.cli.run.ranks`).
+decisions (see :mod:`relayrl.cli.run.ranks`). With ``[trainer] elastic`` the leader starts alone and
+admits the other ranks at step boundaries; a rank that dies shrinks the group, the survivors redo the
+step, and the rank rejoins once the launcher has restarted it (see :mod:`relayrl.cli.run.elastic`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import threading
@@ -39,6 +42,7 @@ import torch
 from relayrl.algo.config import build_monitors, build_reward_shapers
 from relayrl.algo.determinism import enable_determinism, rng_state, seed_everything, set_rng_state
 from relayrl.buffer import Buffer
+from relayrl.cli.run.elastic import ElasticRanks, LeaderGone, View, describe_failure
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
 from relayrl.cli.run.lease import EXIT_FENCED, LeaseLost, check_fence
@@ -48,6 +52,7 @@ from relayrl.core.config import Config
 from relayrl.core.plugins import get_plugin_manager, lookup
 from relayrl.core.store import open_store
 from relayrl.fault_tolerance.checkpoint import AsyncCheckpointer
+from relayrl.fault_tolerance.faults import maybe_kill
 from relayrl.fault_tolerance.recovery import recover
 from relayrl.rollout.config import build_environment
 from relayrl.rollout.manager import read_fleet_counters, write_progress
@@ -57,6 +62,10 @@ from relayrl.trainer.warmup import MaskedExample, supervised_warmup
 from relayrl.weight_sync import ConcurrentWriter, Publisher
 
 __all__ = ["TrainerProcess", "main"]
+
+MAX_REDO = 5
+"""Elastic ranks: attempts at one step (or one decision) whose collective keeps failing, after which
+the failure is taken for what it is (a bug, not a lost rank) and the trainer process exits."""
 
 
 class StoppedDuringWarmup(Exception):
@@ -108,8 +117,12 @@ class TrainerProcess:
         self.chat = make_chat_format(config.model, self.tokenizer)
         self.model = load_model(model_dir, dtype=config.model.dtype)
         peers = [open_store(url) for url in config.trainer.checkpoint_peers]
-        self.checkpointer = AsyncCheckpointer(self.layout.checkpoint_store(), peers=peers, rank=self.ranks.rank,
-                                              world_size=self.ranks.world, keep=config.trainer.checkpoint_keep)
+        if self.ranks.elastic and not self.ranks.leader:
+            return  # an elastic rank takes the leader's state when it joins: no checkpoint, no books
+        # Elastic ranks: the leader holds the whole state, so its checkpoint alone is complete.
+        rank, world = (0, 1) if self.ranks.elastic else (self.ranks.rank, self.ranks.world)
+        self.checkpointer = AsyncCheckpointer(self.layout.checkpoint_store(), peers=peers, rank=rank,
+                                              world_size=world, keep=config.trainer.checkpoint_keep)
         if self.ranks.leader:  # only the leader talks to the bus and writes the run's records
             self.buffer = Buffer(self.bus, config.buffer, pm=self.pm)
             self.monitors = build_monitors(config.algo, pm=self.pm)
@@ -243,7 +256,8 @@ class TrainerProcess:
         if self.ranks.leader:
             # Versions newer than this checkpoint may exist (published after it): continue above them.
             version = max(self.trainer.version, self.publisher.next_version)
-        self.trainer.version = self.ranks.broadcast(version)
+        # Elastic ranks take the version with the leader's state when they (re)join.
+        self.trainer.version = version if self.ranks.elastic else self.ranks.broadcast(version)
         weights = self._weights()
         if self.ranks.leader:
             self.publisher.publish(weights, step=self.step, version=self.trainer.version).result()
@@ -251,6 +265,8 @@ class TrainerProcess:
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
+        if self.ranks.elastic and not self.ranks.leader:
+            return self.follow()
         self.ranks.init()
         self._build()
         leader = self.ranks.leader
@@ -268,9 +284,14 @@ class TrainerProcess:
         self._publish_initial()
         if leader:
             self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": total})
+        if self.ranks.elastic:
+            self._open_elastic_group()
         try:
             while True:
-                decision = self.ranks.broadcast_decision(self._decide(total) if leader else None)
+                if self.ranks.elastic:
+                    decision = self._next_elastic_decision(total)
+                else:
+                    decision = self.ranks.broadcast_decision(self._decide(total) if leader else None)
                 if decision.kind == "stop":
                     break
                 if decision.kind == "train":
@@ -341,7 +362,10 @@ class TrainerProcess:
         the leader alone keeps the books (consumed counts, metrics, ledger, progress, status)."""
         started = time.monotonic()
         groups = decision.groups
-        metrics = self.trainer.step(groups, weights=decision.weights)
+        if self.ranks.elastic:
+            metrics = self._step_elastically(decision)
+        else:
+            metrics = self.trainer.step(groups, weights=decision.weights)
         self.step += 1
         publish = self.step % self.config.weight_sync.publish_every_steps == 0
         weights = self._weights() if publish else None
@@ -392,6 +416,114 @@ class TrainerProcess:
         write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
         self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": self.config.trainer.steps,
                                              "version": self.trainer.version, "alarms": [a.message for a in alarms]})
+
+    # ------------------------------------------------------------------ elastic ranks (the leader)
+    def _open_elastic_group(self) -> None:
+        """The leader is ready to train: ranks may build, announce themselves and be admitted."""
+        self.ranks.get_state = lambda: {"trainer": self.trainer.state_dict(), "step": self.step}
+
+        def changed(kind: str, message: str, data: dict[str, Any]) -> None:
+            write_event(self.layout, "trainer", "elastic", message, level="warning" if kind != "grew" else "info",
+                        data={"change": kind, "step": self.step, **data})
+
+        self.ranks.on_change = changed
+        self.ranks.open()
+
+    def _next_elastic_decision(self, total: int) -> Decision:
+        """Admit ranks that are ready (a step boundary), decide, and tell every member of the group."""
+        view = self.ranks.newcomers()
+        if view is not None:
+            failure = None
+            try:
+                if self.ranks.world > 1:  # the current members switch groups with the newcomers
+                    self.ranks.broadcast_decision(Decision("regroup", view=view.encode()))
+            except RuntimeError as error:
+                failure = describe_failure(error)
+            # Recovery happens out of the except block (see describe_failure).
+            if failure is not None:
+                self.ranks.recover(failure)
+            else:
+                self.ranks.grow(view)
+        decision = self._decide(total)
+        if decision.kind == "stop":
+            with contextlib.suppress(RuntimeError):  # a rank that is gone needs no telling
+                self.ranks.broadcast_decision(decision)
+            return decision
+        self._share(decision)
+        return decision
+
+    def _share(self, decision: Decision) -> None:
+        """Broadcast ``decision`` to the group, re-forming it (without the dead) until that works."""
+        for attempt in range(MAX_REDO + 1):
+            if self.ranks.world == 1:
+                return
+            try:
+                self.ranks.broadcast_decision(decision)
+                return
+            except RuntimeError as error:
+                if attempt == MAX_REDO:
+                    raise
+                failure = describe_failure(error)
+            self.ranks.recover(failure)  # out of the except block (see describe_failure)
+
+    def _step_elastically(self, decision: Decision) -> dict[str, float]:
+        """The step on the group; when a rank dies in it, the survivors redo it on the same batch."""
+        for attempt in range(MAX_REDO + 1):
+            try:
+                metrics = self.trainer.step(decision.groups, weights=decision.weights)
+                break
+            except RuntimeError as error:  # the backend left no gradient behind (its contract)
+                if self.ranks.world == 1 or attempt == MAX_REDO:
+                    raise
+                failure = describe_failure(error)
+            self.ranks.recover(failure)  # out of the except block (see describe_failure)
+            self._share(decision)
+        metrics.update({"elastic/world_size": float(self.ranks.world), "elastic/regroups": float(self.ranks.regroups),
+                        "elastic/generation": float(self.ranks.view.generation), "elastic/redone": float(attempt)})
+        return metrics
+
+    # ------------------------------------------------------------------ elastic ranks (the others)
+    def follow(self) -> int:
+        """An elastic rank other than 0: wait for the leader, then train in its group whenever admitted.
+
+        Returns 0 when the leader stops the group or its process ends (the launcher decides the rest).
+        """
+        self.ranks.wait_for_leader()
+        self._build()
+        self.trainer = None
+
+        def take(state: dict[str, Any]) -> None:
+            if self.trainer is None:
+                self.trainer = self._new_trainer(version=int(state["trainer"]["version"]))
+            self.trainer.load_state_dict(state["trainer"])
+            self.step = int(state["step"])
+
+        self.ranks.set_state = take
+        failures: Counter[int] = Counter()  # failed attempts per leader step
+        while True:
+            try:
+                self.ranks.join()
+            except LeaderGone:
+                return 0
+            try:
+                while True:
+                    decision = self.ranks.broadcast_decision(None)
+                    if decision.kind == "stop":
+                        self.ranks.close()
+                        return 0
+                    if decision.kind == "train":
+                        # Fault injection (tests): die while the others are in this step's collectives.
+                        maybe_kill(f"{self.ranks.name}-in-step", self.step + 1)
+                        self.trainer.step(decision.groups, weights=decision.weights)
+                        self.step += 1
+                    elif decision.kind == "regroup" and not self.ranks.follow_view(View.decode(decision.view)):
+                        break  # the new group did not form: wait to be admitted again
+            except RuntimeError as failure:  # a rank (maybe the leader) died mid-collective
+                failures[self.step] += 1
+                if failures[self.step] > MAX_REDO:  # the same step failing again and again is no lost rank
+                    raise
+                print(f"trainer: collective failed at step {self.step + 1} ({type(failure).__name__}); rejoining",
+                      file=sys.stderr, flush=True)
 
     def _fleet_metrics(self) -> dict[str, float]:
         """The fleet's mean reward over every group graded since the previous step, trained on or not.
@@ -455,7 +587,10 @@ def main(argv: list[str] | None = None) -> int:
     pm = get_plugin_manager()
     layout = RunLayout(argv[0])
     ranks = Ranks.from_env()
-    process = TrainerProcess(layout, layout.load_config(pm=pm), pm=pm, ranks=ranks)
+    config = layout.load_config(pm=pm)
+    if config.trainer.elastic and ranks.world > 1:
+        ranks = ElasticRanks(layout.root, "trainer" if ranks.leader else f"trainer-{ranks.rank}", leader=ranks.leader)
+    process = TrainerProcess(layout, config, pm=pm, ranks=ranks)
     for signum in (signal.SIGTERM, signal.SIGINT):
         # Only the leader decides to stop (after its step and checkpoint); the other ranks follow it.
         signal.signal(signum, (lambda *_: process.stop.set()) if ranks.leader else signal.SIG_IGN)
