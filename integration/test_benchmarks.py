@@ -90,6 +90,11 @@ def test_async_vs_sync_quick_mode_runs_both_pipelines():
     assert "synchronous |" in out and "asynchronous |" in out and "asynchronous / synchronous" in out
 
 
+def test_elastic_ranks_quick_mode_kills_a_rank_in_each_mode():
+    out = run_quick("elastic_ranks.py")
+    assert "| elastic |" in out and "| restart-all |" in out and "both runs' ledgers verified" in out
+
+
 def test_the_gpu_checks_deepspeed_half_runs_on_cpu():
     """benchmarks/gpu/deepspeed_steps.py in its quick mode, on gloo: the GPU check's script cannot rot."""
     result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1",
