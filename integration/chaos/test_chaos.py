@@ -1,8 +1,9 @@
-"""Chaos: the quickstart while its trainer, engine and rollout manager are SIGKILLed, then an audit.
+"""Chaos: the quickstart while its trainer ranks, engine and rollout manager are SIGKILLed, then an audit.
 
-The run must reach its last step (the launcher restarts whatever dies: the trainer resumes from its
-newest checkpoint, the engine bootstraps its weights from the bus, the rollout manager continues its
-segment sequence); last the launcher itself is SIGKILLed and ``--resume`` takes the run over at
+The trainer runs as two elastic torch ranks (``[trainer] elastic``). The run must reach its last
+step (the launcher restarts whatever dies: the leader's death restarts both ranks, which resume from
+the newest checkpoint; the other rank's death shrinks the group and it rejoins; the engine
+bootstraps its weights from the bus, the rollout manager continues its segment sequence); last the launcher itself is SIGKILLed and ``--resume`` takes the run over at
 once while a second launcher is refused; and, read back from the bus, the ledger and the final checkpoint, every committed
 group the trainer consumed was trained on exactly once or dropped by a policy with its reason
 (relayrl.cli.run.ledger.verify_run).
@@ -34,9 +35,9 @@ STEPS = 20
 SHORT = ["--set", "trainer.warmup.steps=5", "--set", "rollout.environment_options.tasks=2000",
          "--set", "buffer.batch_groups=4", "--set", "rollout.skip_zero_variance=false",
          "--set", "buffer.admission=['staleness']", "--set", "buffer.staleness.max_staleness=1",
-         "--set", "rollout.max_restarts=20"]
+         "--set", "rollout.max_restarts=20", "--set", "trainer.ranks=2", "--set", "trainer.elastic=true"]
 # Which process dies when the trainer has completed how many steps (each victim at least once).
-KILLS = [(4, "trainer"), (8, "engine-0"), (11, "rollout"), (14, "trainer")]
+KILLS = [(4, "trainer"), (8, "engine-0"), (10, "trainer-1"), (11, "rollout"), (14, "trainer")]
 # Before these kills, damage on disk: the snapshot the engine must bootstrap from (the trainer
 # republishes a fresh one when the engine asks), and the trainer's newest checkpoint (it resumes
 # from the one before).
@@ -128,12 +129,15 @@ def test_quickstart_under_random_kills_consumes_every_group_exactly_once(tmp_pat
             run.kill()
     assert run.returncode == 0, output[-5000:]
     assert not [name for name, pid in orphans.items() if alive(pid)]  # they died with their launcher
-    assert sorted(set(killed)) == ["engine-0", "rollout", "trainer"] and len(killed) == len(KILLS), killed
+    assert sorted(set(killed)) == ["engine-0", "rollout", "trainer", "trainer-1"] and len(killed) == len(KILLS), killed
 
     # The engine could not verify the damaged snapshot, asked for a repair and got a fresh one.
     assert "asked the publisher for a fresh snapshot" in (run_dir / "logs" / "engine-0.log").read_text()
     restarts = [event for event in load_events(run_dir) if event.kind == "restart"]
     assert len(restarts) == len(killed)
+    # The second rank's death restarted it alone: the leader trained on in a smaller group.
+    assert [event.data.get("elastic", False) for event in restarts] == [victim == "trainer-1" for victim in killed]
+    assert any(event.kind == "elastic" and event.data["change"] == "shrank" for event in load_events(run_dir))
     assert [record["step"] for record in read_metrics(run_dir)] == list(range(1, STEPS + 1))
 
     check = verify_run(run_dir)

@@ -1,6 +1,8 @@
 """The torch backend as data-parallel ranks: the batch's step does not depend on how many ranks take it.
 
-Two and three gloo ranks train the same batches as one process; every rank runs its share of the
+Two and three gloo ranks train the same batches as one process (two over torch.distributed's default
+group, three over a group of their own set with ``set_data_parallel_group``, as elastic ranks do);
+every rank runs its share of the
 micro-batches, gradients and metric sums are all-reduced, and the weights after three steps must
 match the single process's (up to the order of floating-point sums). With three ranks and a batch of
 fewer micro-batches than ranks in one step, a rank has nothing to run: the metric reduction must
@@ -37,8 +39,8 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_ranks_train_the_batch_as_one_process_does(tmp_path, world):
+@pytest.mark.parametrize(("world", "mode"), [(2, "default"), (3, "set")])
+def test_ranks_train_the_batch_as_one_process_does(tmp_path, world, mode):
     model = tiny_llama(seed=0)
     # Three batches; the small token budget splits each into several micro-batches (the last batch
     # into fewer than three, so with three ranks one rank runs none in that step).
@@ -55,7 +57,7 @@ def test_ranks_train_the_batch_as_one_process_does(tmp_path, world):
 
     port = _free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).parent))
-    ranks = [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(world), str(port), str(source), str(target)],
+    ranks = [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(world), str(port), str(source), str(target), mode],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for rank in range(world)]
     outputs = [rank.communicate(timeout=300)[0].decode() for rank in ranks]
     assert all(rank.returncode == 0 for rank in ranks), "\n".join(outputs)

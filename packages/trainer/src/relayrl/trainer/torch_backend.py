@@ -56,17 +56,19 @@ class TorchTrainer:
 
     def step(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
         """Train on ``groups`` (one optimiser step; ``weights`` scale each group's advantages); return metrics."""
-        from relayrl.trainer.distributed import all_reduce_gradients, all_reduce_metric_sums, data_parallel_shard
+        from relayrl.trainer.distributed import all_reduce_gradients, all_reduce_metric_sums, data_parallel_group
 
         started = time.perf_counter()
-        shard = data_parallel_shard()
+        group = data_parallel_group()
         # A step redone after a failed collective must not add to the failed attempt's gradients.
         self.optimizer.zero_grad(set_to_none=True)
         try:
-            metrics = self.accumulate_gradients(groups, weights=weights, shard=shard,
-                                                reduce_sums=all_reduce_metric_sums if shard[1] > 1 else None)
-            if shard[1] > 1:
-                all_reduce_gradients([p for p in self.model.parameters() if p.requires_grad])
+            if group is None:
+                metrics = self.accumulate_gradients(groups, weights=weights)
+            else:
+                metrics = self.accumulate_gradients(groups, weights=weights, shard=(group.rank, group.world),
+                                                    reduce_sums=lambda sums: all_reduce_metric_sums(sums, group))
+                all_reduce_gradients([p for p in self.model.parameters() if p.requires_grad], group)
         except BaseException:
             self.optimizer.zero_grad(set_to_none=True)
             raise

@@ -22,6 +22,15 @@ Everything goes through files in ``<run>/elastic/`` (the ranks of one ``relayrl 
 Each time a group forms, every member takes the leader's trainer state (model, optimiser state,
 policy version, step): a joining rank starts from it, and survivors of a failed step drop whatever
 the failure left half-done.
+
+Gloo does not always notice a dead peer: a send to a rank that was SIGKILLed at the wrong moment
+can wait for gloo's timeout (minutes) instead of failing, and destroying a process group waits for
+its pending operations. So each generation is a ``ProcessGroupGloo`` of its own (not torch.
+distributed's default group), every operation on it is waited for by polling, and while it waits a
+rank checks the others: a member whose process is gone, or who has announced itself again (it left
+the group), or (for the other ranks) a newer view without this rank ends the wait with an error at
+once. A group given up on is set aside, never destroyed while an operation of it may still be
+pending (its threads would hold the process for that long).
 """
 
 from __future__ import annotations
@@ -29,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
-import gc
 import io
 import json
 import os
@@ -43,6 +51,7 @@ import torch
 import torch.distributed as dist
 
 from relayrl.core.processes import identity, is_dead
+from relayrl.trainer.distributed import GroupCollectives, set_data_parallel_group
 
 __all__ = ["ElasticRanks", "LeaderGone", "View", "describe_failure"]
 
@@ -56,6 +65,8 @@ RENEW_TIMEOUT_S = 60.0
 rank busy in its forward pass notices at its next collective)."""
 ADMIT_EVERY_S = 1.0
 """How often the leader looks for newcomers at its step boundaries."""
+CHECK_EVERY_S = 0.2
+"""While an operation is pending, how often a rank checks that the other members are still there."""
 MAX_FORM_ATTEMPTS = 3
 """Failed formations in a row after which the leader goes on alone (and admits again at the next boundary)."""
 
@@ -109,9 +120,9 @@ def _read_json(path: Path) -> Any:
 def describe_failure(failure: BaseException) -> str:
     """One line for a failed collective.
 
-    Callers keep this line, not the exception: the exception's traceback holds the failed group's
-    objects, whose connections stay open until it is gone, and a rank blocked on such a connection
-    only notices the failure once it is closed. Recover *after* the ``except`` block ends.
+    Callers keep this line, not the exception, and recover *after* the ``except`` block: the
+    exception's traceback holds the failed step's frames (activations, gradients) for as long as it
+    lives, and recovery can take a while.
     """
     first = str(failure).splitlines()[0] if str(failure) else ""
     return f"{type(failure).__name__}: {first[:200]}"
@@ -152,17 +163,19 @@ class ElasticRanks:
         self._ticket = 0
         self._admitted: set[tuple[str, int, int]] = set()
         self._checked = 0.0
+        self.group: GroupCollectives | None = None
+        self._generation = 0  # of the group this rank is in
+        self._pending: Any = None  # the operation being waited for
+        self._set_aside: list[tuple[Any, Any]] = []  # groups given up on, with their last operation
 
     # ------------------------------------------------------------------ the Ranks interface
     def init(self) -> None:
         """Nothing to join yet: the leader starts alone and other ranks wait to be admitted."""
 
     def broadcast(self, value: Any) -> Any:
-        if self.world == 1:
+        if self.world == 1 or self.group is None:
             return value
-        box = [value if self.rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return self.group.broadcast_object(value, 0)
 
     def broadcast_decision(self, decision: Any) -> Any:
         from relayrl.cli.run.ranks import broadcast_decision
@@ -180,6 +193,12 @@ class ElasticRanks:
 
     def close(self) -> None:
         self._destroy()
+
+    @property
+    def stuck(self) -> bool:
+        """Whether a group given up on still has an operation pending: the process should end with
+        ``os._exit`` (interpreter shutdown would wait for gloo's timeout)."""
+        return any(work is not None and not work.is_completed() for _, work in self._set_aside)
 
     # ------------------------------------------------------------------ the leader
     def open(self) -> None:
@@ -378,22 +397,64 @@ class ElasticRanks:
 
     # ------------------------------------------------------------------ both
     def _connect(self, view: View) -> None:
+        """Meet the other members of ``view`` in a gloo group of its own (see the module docstring)."""
         rank = view.names.index(self.name)
         store = dist.FileStore(str(self.directory / f"gen-{view.generation}.store"), view.world)
         store.set_timeout(FORM_TIMEOUT)
-        dist.init_process_group("gloo", store=store, rank=rank, world_size=view.world, timeout=FORM_TIMEOUT)
+        group = dist.ProcessGroupGloo(store, rank, view.world, FORM_TIMEOUT)
+        # Formed: from now on an operation may wait for the leader's bookkeeping between steps.
+        group._set_default_timeout(COLLECTIVE_TIMEOUT)
+        self.group = GroupCollectives(group, wait=self._wait)
+        self._generation = view.generation
+        self._members = view
         self.rank, self.world = rank, view.world
-        # Formed: from now on a collective may wait for the leader's bookkeeping between steps.
-        from torch.distributed.distributed_c10d import _set_pg_timeout
+        set_data_parallel_group(self.group)
 
-        _set_pg_timeout(COLLECTIVE_TIMEOUT, None)
+    def _wait(self, work: Any) -> None:
+        """Wait for ``work`` by polling; raise at once when the group has lost a member."""
+        self._pending = work
+        delay, next_check = 0.0002, time.monotonic() + CHECK_EVERY_S
+        while not work.is_completed():
+            time.sleep(delay)
+            delay = min(delay * 2, 0.005)
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + CHECK_EVERY_S
+                lost = self._lost_member()
+                if lost:
+                    raise RuntimeError(f"generation {self._generation}: {lost}")
+        work.wait()  # raises the operation's own error, if it failed
+
+    def _lost_member(self) -> str | None:
+        """Why the current group cannot complete an operation any more, or None."""
+        view = self._members
+        for name, pid, ticket in view.members:
+            if name == self.name:
+                continue
+            if name == view.members[0][0]:  # the leader
+                if is_dead(view.leader) is True:
+                    return f"the leader ({name}, pid {pid}) has died"
+                continue
+            record = _read_json(self.members_dir / f"{name}.json")
+            if not record or record.get("identity", {}).get("pid") != pid or is_dead(record["identity"]) is True:
+                return f"{name} (pid {pid}) has died"
+            if int(record.get("ticket", 0)) > ticket:
+                return f"{name} (pid {pid}) left the group"
+        if not self.leader:
+            current = self._current_view()
+            me = (self.name, os.getpid(), self._ticket)
+            if current is not None and current.generation > self._generation and me not in current.members:
+                return "the leader re-formed the group without this rank"
+        return None
 
     def _destroy(self) -> None:
-        """Leave the current process group, if any (after a failure its connections are already broken)."""
-        if dist.is_initialized():
-            with contextlib.suppress(Exception):
-                dist.destroy_process_group()
-            gc.collect()  # the failed group's sockets and threads go now, not at some later collection
+        """Leave the current group, if any, without waiting for it (see the module docstring)."""
+        if self.group is not None:
+            self._set_aside.append((self.group.group, self._pending))
+            self.group, self._pending = None, None
+            set_data_parallel_group(None)
+        # Groups whose last operation has completed can go (their threads are idle).
+        self._set_aside = [(group, work) for group, work in self._set_aside
+                           if work is not None and not work.is_completed()]
         if not self.leader:
             self.rank, self.world = 0, 1
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 import threading
@@ -595,10 +596,15 @@ def main(argv: list[str] | None = None) -> int:
         # Only the leader decides to stop (after its step and checkpoint); the other ranks follow it.
         signal.signal(signum, (lambda *_: process.stop.set()) if ranks.leader else signal.SIG_IGN)
     try:
-        return process.run()
+        code = process.run()
     except (LeaseLost, ConcurrentWriter) as exc:  # a second writer on this run's bus: restarting cannot help
         print(f"trainer: {exc}", file=sys.stderr, flush=True)
-        return EXIT_FENCED
+        code = EXIT_FENCED
+    if getattr(ranks, "stuck", False):  # an elastic group given up on still waits in gloo: do not wait with it
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":
