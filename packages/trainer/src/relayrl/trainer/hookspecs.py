@@ -29,7 +29,8 @@ def relayrl_trainer_backends() -> Iterable[Registration[Any]]:
     A data-parallel backend whose every rank holds the whole model and optimiser state, and whose
     step's gradient does not depend on the number of ranks, may also set ``factory.elastic = True``
     (the built-in ``torch`` backend does): ``[trainer] elastic = true`` then lets the ranks shrink
-    and regrow between steps (the process group is re-formed with a new world size, ``step`` reads
-    it from torch.distributed's default group, and a rank that joins receives rank 0's
-    ``state_dict()``). A step whose collective fails must leave no gradient behind: it is redone.
+    and regrow between steps (the group is re-formed with a new world size; ``step`` reduces over
+    ``relayrl.trainer.distributed.data_parallel_group()``, which the caller sets, and a rank that
+    joins receives rank 0's ``state_dict()``). A step whose collective fails must leave no gradient
+    behind: it is redone.
     """
