@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,21 +26,25 @@ MEMBER = Path(__file__).with_name("elastic_member.py")
 
 
 def _start(root: Path, role: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, str(MEMBER), str(root), role], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    process = subprocess.Popen([sys.executable, str(MEMBER), str(root), role], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    process.lines = queue.Queue()  # type: ignore[attr-defined]  # read on a thread: a wait can time out
+    threading.Thread(target=lambda: [process.lines.put(line) for line in process.stdout], daemon=True).start()
+    return process
 
 
 def _line(process: subprocess.Popen[str], prefix: str, timeout_s: float = 120) -> str:
     deadline = time.monotonic() + timeout_s
+    seen = []
     while time.monotonic() < deadline:
-        if not select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            break  # nothing more within the time: do not block in readline
-        line = process.stdout.readline()
+        try:
+            line = process.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            break
         if line.startswith(prefix):
             return line.strip()
-        if not line and process.poll() is not None:
-            break
-    raise AssertionError(f"no {prefix!r} line from the {process.args[-1]}")
+        seen.append(line)
+    raise AssertionError(f"no {prefix!r} line from the {process.args[-1]} within {timeout_s} s: {''.join(seen)[-2000:]}")
 
 
 @pytest.mark.parametrize("how", ["announces itself again", "dies"])
