@@ -6,8 +6,9 @@ every rank, which resume from the newest checkpoint). In each, once training is 
 ``trainer-1`` is SIGKILLed ``--kills`` times at random moments (seeded), waiting for the trainer to
 be whole again before the next kill. Per kill it measures, from the leader's metrics:
 
-* **stall**: the gap between the last step finished before the kill and the first one after it,
-  less the median gap between steps before any kill (what the kill added at once);
+* **stall**: the gap before the first step trained by fewer ranks (elastic; a step in flight may
+  still finish with three) or by the restarted ranks (restart-all), less the median gap between
+  steps before any kill (what the kill added at once);
 * **lost until whole**: from the last step before the kill to the first step trained by three
   ranks again, less the median gap times the steps finished in between: everything the kill cost
   (elastic: the shrink, the steps at two ranks, the pause that hands the rejoining rank its state;
@@ -88,6 +89,7 @@ def measure(run_dir: Path, *, elastic: bool, kills: int, rng: random.Random, tim
             run.kill()
             run.communicate()
 
+    from relayrl.cli.report import load_events
     from relayrl.cli.run.ledger import verify_run
 
     check = verify_run(run_dir)
@@ -99,10 +101,16 @@ def measure(run_dir: Path, *, elastic: bool, kills: int, rng: random.Random, tim
     normal_gap = statistics.median(b - a for a, b in itertools.pairwise(times[2:first_kill]))
     stalls, lost, regrown = [], [], []
     for killed_at, _ in kill_times:
-        after = next(i for i, t in enumerate(times) if t > killed_at)
-        last_before = max((t for t in times if t <= killed_at), default=times[0])
-        stalls.append(times[after] - last_before - normal_gap)
-        whole = next(i for i in range(after, len(records)) if _world(records[i], elastic) == RANKS)
+        after = next(i for i, t in enumerate(times) if t > killed_at)  # the first step finished after the kill
+        last_before = times[after - 1]
+        if elastic:  # a step in flight may still finish with three ranks: the shrink shows in the next one
+            shrunk = next(i for i in range(after, len(records)) if _world(records[i], elastic) < RANKS)
+            whole = next(i for i in range(shrunk, len(records)) if _world(records[i], elastic) == RANKS)
+        else:  # every rank restarts (a step in flight may still finish first): the restarted ranks' first step
+            resumed = min(event.time for event in load_events(run_dir) if event.kind == "resumed"
+                          and event.time > killed_at)
+            shrunk = whole = next(i for i, t in enumerate(times) if t > resumed)
+        stalls.append(times[shrunk] - times[shrunk - 1] - normal_gap)
         lost.append(times[whole] - last_before - (whole - after + 1) * normal_gap)
         regrown.append(times[whole] - killed_at)
     return {"stalls": stalls, "lost": lost, "regrown": regrown, "normal_gap": normal_gap, "steps": len(records)}

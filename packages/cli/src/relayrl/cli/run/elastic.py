@@ -313,7 +313,7 @@ class ElasticRanks:
             self.broadcast(_serialise(self.get_state()))
         except Exception as error:  # a member died or hung meanwhile: the caller tries again without it
             failure = describe_failure(error)
-        if failure is not None:  # out of the except block: the group's connections close with it
+        if failure is not None:  # (out of the except block: see describe_failure)
             _log(f"generation {view.generation} did not form: {failure}")
             self._destroy()
             self._set_view(View(view.generation + 1, (view.members[0],), identity()))
