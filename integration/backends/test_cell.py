@@ -20,6 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SHORT = ["--steps", "3", "--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.tasks=500",
          "--set", "buffer.batch_groups=2", "--set", "rollout.skip_zero_variance=false",
          "--set", "buffer.admission=['staleness']"]
+# Not the defaults: the run's [weight_sync] must reach every engine, whichever backend hosts it.
+WEIGHT_SYNC = ["--set", "weight_sync.apply_mode='xor'", "--set", "weight_sync.verify_after_apply=false"]
 
 
 def test_a_short_run_on_the_cells_backends(cell, tmp_path, request):
@@ -31,7 +33,7 @@ def test_a_short_run_on_the_cells_backends(cell, tmp_path, request):
     if cell["store"] == "s3":
         store = ["--set", f"store.url='{request.getfixturevalue('s3_url')}'"]
     command = [sys.executable, "-m", "relayrl.cli", "run", str(ROOT / "examples" / "quickstart.toml"),
-               "--run-dir", str(run_dir), "--no-report", *SHORT, *overrides(cell), *store]
+               "--run-dir", str(run_dir), "--no-report", *SHORT, *WEIGHT_SYNC, *overrides(cell), *store]
     result = subprocess.run(command, capture_output=True, text=True, timeout=1200,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     logs = "\n".join(f"--- {path.name}\n{path.read_text()[-3000:]}" for path in sorted((run_dir / "logs").glob("*.log")))
@@ -42,6 +44,8 @@ def test_a_short_run_on_the_cells_backends(cell, tmp_path, request):
     engines = status["engines"]
     assert len(engines) == 1 and all(engine["weight_updates"] >= 1 and engine["version"] >= 1 for engine in engines)
     assert all(engine.get("version_mismatches", 0) == 0 for engine in engines)
+    settings = [engine["weight_sync"]["settings"] for engine in engines]
+    assert all(item["apply_mode"] == "xor" and item["verify_after_apply"] is False for item in settings), settings
     assert status["metrics"]["sandbox/graded_answers"] > 0
     check = verify_run(run_dir)
     assert check.ok, check.errors

@@ -66,7 +66,12 @@ def test_a_bad_config_fails_before_anything_starts(tmp_path):
 
 def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
-    run = relayrl("run", str(QUICKSTART), "--run-dir", str(run_dir), "--steps", "12", *SHORT)
+    stage = (tmp_path / "stage").as_uri()
+    # The run's [weight_sync] must reach its engines: XOR applies without verification, read from a
+    # node mirror the launcher fills (stage_url), none of them the defaults.
+    weight_sync = ["--set", "weight_sync.apply_mode='xor'", "--set", "weight_sync.verify_after_apply=false",
+                   "--set", f"weight_sync.stage_url='{stage}'"]
+    run = relayrl("run", str(QUICKSTART), "--run-dir", str(run_dir), "--steps", "12", *SHORT, *weight_sync)
     try:
         wait_for(lambda: len(read_metrics(run_dir)) >= 3, 400, "three trainer steps", run)
         children = json.loads((run_dir / "status" / "launcher.json").read_text())["children"]
@@ -74,6 +79,7 @@ def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_re
         wait_for(lambda: any(event.kind == "restart" for event in load_events(run_dir)), 120, "the engine restart", run)
         steps_at_restart = len(read_metrics(run_dir))
         wait_for(lambda: len(read_metrics(run_dir)) >= steps_at_restart + 2, 300, "steps after the restart", run)
+        engines = json.loads((run_dir / "status" / "rollout.json").read_text())["engines"]
         run.send_signal(signal.SIGINT)  # Ctrl-C
         output, _ = run.communicate(timeout=180)
     finally:
@@ -81,6 +87,11 @@ def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_re
             run.kill()  # its children get SIGTERM from the kernel (they die with the launcher)
     assert run.returncode == 130, output
     assert f"relayrl run --resume {run_dir}" in output
+    # The restarted engine, too, applies versions as the run's [weight_sync] says, from the mirror.
+    assert "mirror" in children
+    assert [engine["weight_sync"]["settings"] for engine in engines] == [
+        {"source": stage, "prefix": "weights", "apply_mode": "xor", "verify_after_apply": False,
+         "reset_caches_on_apply": True, "poll_interval_s": 0.1}], engines
     assert not any(alive(pid) for pid in children.values())
     stopped_at = len(read_metrics(run_dir))
     assert 5 <= stopped_at < 12

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import time
 
 import torch
@@ -107,7 +108,11 @@ def test_engine_server_follows_the_bus(tmp_path, tiny_model_dir):
 
     trainer_model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True).eval()
     bus = tmp_path / "bus"
-    server = EngineServer(tiny_model_dir, "follower", "--bus", str(bus), "--poll-interval", "0.1")
+    # The controller is built from a [weight_sync] section (relayrl run passes the run's): non-default
+    # values must reach it; --poll-interval overrides the section's.
+    section = {"apply_mode": "xor", "verify_after_apply": False, "reset_caches_on_apply": False}
+    server = EngineServer(tiny_model_dir, "follower", "--bus", str(bus), "--weight-sync", json.dumps(section),
+                          "--poll-interval", "0.1")
     try:
         publisher = Publisher(open_store(str(bus)), background=False)
         for seed in (1, 2):
@@ -124,6 +129,7 @@ def test_engine_server_follows_the_bus(tmp_path, tiny_model_dir):
         updates = asyncio.run(client.health())["weight_sync"]
         assert updates["version"] == 2 and updates["updates"] >= 1 and not updates["held_paused"]
         assert updates["pause_s"] > 0 and updates["total_s"] >= updates["fetch_s"] > 0
+        assert updates["settings"] == {"source": bus.as_uri(), "prefix": "weights", **section, "poll_interval_s": 0.1}
         torch.testing.assert_close(recorded(span), replayed(trainer_model, PROMPT, span), atol=2e-4, rtol=0)
         publisher.close()
         asyncio.run(client.close())

@@ -138,6 +138,32 @@ def test_xor_apply_mode_and_cache_reset(store):
     assert engine_equals(engine, state(3)) and engine.cache_resets == 2
 
 
+@pytest.mark.parametrize("apply_mode", ["copy", "xor"])
+def test_tied_weights_take_each_version_once_in_either_apply_mode(store, apply_mode):
+    """An engine whose two tensors share one memory (tied embedding and LM head, as many LLMs have):
+    XOR-ing the same delta into that memory once per name would restore the old bits."""
+    import torch
+
+    def tied_state(seed: int) -> dict[str, torch.Tensor]:
+        generator = torch.Generator().manual_seed(seed)
+        embed = torch.randn(32, 16, generator=generator)
+        return {"embed": embed, "lm_head": embed, "mlp": torch.randn(16, 16, generator=generator)}
+
+    engine_state = tied_state(0)  # the engine's model: lm_head is embed
+    assert engine_state["lm_head"].data_ptr() == engine_state["embed"].data_ptr()
+    engine = StateDictAdapter(engine_state)
+    controller = Controller(store, engine, apply_mode=apply_mode)
+    publisher = Publisher(store, keep_versions=0, background=False)
+    for version in (1, 2, 3):  # a snapshot, then deltas
+        published = tied_state(version)
+        publisher.publish({name: tensor.clone() for name, tensor in published.items()}).result()
+        controller.poll_once()
+        for name, tensor in published.items():
+            assert torch.equal(engine_state[name], tensor), (version, name)
+    assert controller.reports[-1].route == "delta"
+    publisher.close()
+
+
 class CorruptingEngine(StateDictAdapter):
     """Flips one bit of every apply, as faulty memory or a buggy engine would."""
 

@@ -30,6 +30,7 @@ from relayrl.core.store import Store
 from relayrl.rollout.engines.torch_engine import TorchEngine
 from relayrl.rollout.protocol import WeightSyncTarget
 from relayrl.weight_sync import Controller, EngineAdapter, StateDictAdapter
+from relayrl.weight_sync.config import WeightSyncSection
 
 __all__ = ["ShadowAdapter", "TorchEngineAdapter", "adapter_for", "apply_timings", "start_controller"]
 
@@ -133,13 +134,17 @@ def adapter_for(engine: Any) -> EngineAdapter:
                     f"and is not a TorchEngine")
 
 
-def start_controller(engine: Any, store: Store, *, prefix: str = "weights", poll_interval_s: float = 0.5,
-                     **options: Any) -> tuple[Controller, threading.Event, threading.Thread]:
-    """Run a controller for ``engine`` on ``store`` in a daemon thread; set the event to stop it."""
+def start_controller(engine: Any, store: Store, section: WeightSyncSection | None = None,
+                     **overrides: Any) -> tuple[Controller, threading.Event, threading.Thread]:
+    """Run a controller for ``engine`` on ``store`` in a daemon thread; set the event to stop it.
+
+    The controller is configured by ``section`` (the run's ``[weight_sync]``; its defaults when
+    None): prefix, poll interval, apply mode, verification, cache resets, threads, and ``stage_url``
+    (then it reads the node mirror instead of ``store``). ``overrides`` win.
+    """
     name = getattr(engine, "engine_id", "engine")
-    options.setdefault("reporter", name)  # names the engine in the repair requests it files
-    controller = Controller(store, adapter_for(engine), prefix=prefix, poll_interval_s=poll_interval_s,
-                            reset_caches_on_apply=True, **options)
+    overrides.setdefault("reporter", name)  # names the engine in the repair requests it files
+    controller = Controller.from_config(store, adapter_for(engine), section or WeightSyncSection(), **overrides)
     stop = threading.Event()
     thread = threading.Thread(target=controller.run, args=(stop,), name=f"{name}-weights", daemon=True)
     thread.start()
@@ -147,9 +152,11 @@ def start_controller(engine: Any, store: Store, *, prefix: str = "weights", poll
 
 
 def apply_timings(controller: Controller) -> dict[str, Any]:
-    """The engine's last weight update as its health reports it: seconds of each phase, and whether
-    it is held paused (a failed apply) or stuck on a version no route verifies (a repair asked for)."""
-    info: dict[str, Any] = {"held_paused": controller.held_paused, "broken_version": controller.broken}
+    """The engine's last weight update as its health reports it: seconds of each phase, whether it
+    is held paused (a failed apply) or stuck on a version no route verifies (a repair asked for), and
+    how its controller applies versions (``weight_sync``: the settings it was built with)."""
+    info: dict[str, Any] = {"held_paused": controller.held_paused, "broken_version": controller.broken,
+                            "settings": controller.settings()}
     if controller.reports:
         last = controller.reports[-1]
         info.update(version=last.version, route=last.route, fetch_s=round(last.fetch_s, 4),

@@ -47,5 +47,7 @@ class WeightSyncSection(Section):
     """``copy``: stage the new bits and copy them in during the pause; ``xor``: XOR the difference in place."""
     verify_after_apply: bool = True
     """Checksum every tensor of the engine after applying (while paused); a mismatch re-applies or fails."""
-    reset_caches_on_apply: bool = False
-    """Ask the engine to drop prefix/KV caches after an update (in-flight requests otherwise continue)."""
+    reset_caches_on_apply: bool = True
+    """Ask the engine to drop prefix/KV caches after an update: cached keys and values were computed
+    with the old weights, so a new request reusing them would not sample from the new policy alone
+    (in-flight requests continue either way)."""

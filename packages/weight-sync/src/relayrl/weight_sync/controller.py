@@ -160,6 +160,8 @@ class Controller:
         if apply_mode not in ("copy", "xor"):
             raise WeightSyncError(f"apply_mode must be 'copy' or 'xor', got {apply_mode!r}")
         self.bus = WeightBus(store, prefix)
+        self.source = getattr(store, "url", "") or type(store).__name__
+        """Where versions are read from (the bus, or a node mirror): for :meth:`settings`."""
         self.engine = engine
         self.apply_mode = apply_mode
         self.verify_after_apply = verify_after_apply
@@ -198,6 +200,12 @@ class Controller:
                                        poll_interval_s=section.poll_interval_s)
         options.update(overrides)
         return cls(store, engine, **options)
+
+    def settings(self) -> dict[str, Any]:
+        """How this controller applies versions (what an engine's health reports)."""
+        return {"source": self.source, "prefix": self.bus.prefix, "apply_mode": self.apply_mode,
+                "verify_after_apply": self.verify_after_apply, "reset_caches_on_apply": self.reset_caches_on_apply,
+                "poll_interval_s": self.poll_interval_s}
 
     # ------------------------------------------------------------------ loop
     def poll_once(self) -> ApplyReport | None:

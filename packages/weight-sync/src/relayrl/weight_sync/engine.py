@@ -57,6 +57,13 @@ class EngineAdapter(Protocol):
         """Start serving again."""
 
 
+def _memory_of(tensor: Any) -> tuple[int, int]:
+    """(address, bytes) of a torch tensor's or numpy array's elements: equal for aliases of one memory."""
+    if isinstance(tensor, np.ndarray):
+        return tensor.__array_interface__["data"][0], tensor.nbytes
+    return tensor.data_ptr(), tensor.numel() * tensor.element_size()
+
+
 class StateDictAdapter:
     """An :class:`EngineAdapter` over a ``torch.nn.Module``, a torch state dict or numpy arrays.
 
@@ -117,8 +124,16 @@ class StateDictAdapter:
 
     def apply_xor(self, deltas: Mapping[str, np.ndarray]) -> None:
         self._require_paused()
+        applied: set[tuple[int, int]] = set()
         for name, delta in deltas.items():
-            tensor_bits.xor_bits_into(self._tensor(name), delta, name=name, pool=self._pool)
+            tensor = self._tensor(name)
+            # Tied weights (an embedding shared with the LM head) are two names for one memory: their
+            # deltas are equal, and XORing the memory twice would restore the old bits.
+            memory = _memory_of(tensor)
+            if memory in applied:
+                continue
+            applied.add(memory)
+            tensor_bits.xor_bits_into(tensor, delta, name=name, pool=self._pool)
 
     def reset_caches(self) -> None:
         self.cache_resets += 1  # a bare module keeps no caches; counted so callers can check the call

@@ -1,16 +1,17 @@
 """Start, supervise and stop the processes of one run.
 
 Order: the trainer first (it builds the model directory, runs the warm-up or recovers a checkpoint,
-and publishes the weights the fleet starts from); then the engine servers, each of which applies
-that published version before it reports ``READY``; then the rollout process over the engines'
-URLs. Every child runs in its own session (a terminal's Ctrl-C reaches only the launcher, which then
+and publishes the weights the fleet starts from); with ``[weight_sync] stage_url``, the node mirror
+that copies each version from the bus to that stage, which the engines read; then the engine
+servers, each built with the run's ``[weight_sync]`` section, each of which applies that published
+version before it reports ``READY``; then the rollout process over the engines' URLs. Every child runs in its own session (a terminal's Ctrl-C reaches only the launcher, which then
 stops the children in order) and logs to ``<run_dir>/logs/<name>.log``; on Linux a child also gets
 SIGTERM if the launcher itself dies, so a killed launcher leaves no orphans.
 
 Supervision: an engine that dies is restarted on the same port and bootstraps its weights from the
 store (the router sees it down, then healthy again); a dead rollout process is restarted (its
 producer continues its segment sequence); a trainer that dies abnormally is restarted and resumes
-from its newest complete checkpoint. Each role has ``[rollout] max_restarts`` restarts. The run ends
+from its newest complete checkpoint; a dead mirror is restarted (engines keep serving meanwhile). Each role has ``[rollout] max_restarts`` restarts. The run ends
 when the trainer exits cleanly (``[trainer] steps`` reached, or stopped). A trainer of ``[trainer]
 ranks`` > 1 is one process per rank, supervised as one (:class:`TrainerRanks`).
 
@@ -32,6 +33,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+import msgspec
 
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
@@ -276,6 +279,8 @@ class Launcher:
         self.stopping = threading.Event()
         self.trainer: Child | TrainerRanks | None = None
         self.engines: list[Child] = []
+        self.mirror: Child | None = None
+        """The node mirror (``[weight_sync] stage_url``): copies each version from the bus to the stage."""
         self.engine_ports: list[int] = []
         self.rollout: Child | None = None
         self._pids: dict[str, int] = {}
@@ -303,8 +308,8 @@ class Launcher:
                 "--port", str(port), "--engine-id", f"engine-{index}", "--threads", str(section.engine_threads),
                 "--max-batch", str(section.max_batch), "--seed", str(self.config.run.seed + index),
                 "--bus", self.layout.bus_url(self.config), "--bus-options", json.dumps(dict(self.config.store.options)),
-                "--weights-prefix", self.config.weight_sync.prefix,
-                "--poll-interval", str(self.config.weight_sync.poll_interval_s),
+                # The run's [weight_sync]: apply mode, verification, cache resets, the node mirror ...
+                "--weight-sync", msgspec.json.encode(self.config.weight_sync).decode(),
                 "--wait-for-weights", str(section.start_timeout_s),
                 "--engine", section.engine, "--engine-options", json.dumps(dict(section.engine_options)),
                 "--dtype", self.config.model.dtype,  # what the trainer publishes: weight sync is bit-exact
@@ -312,6 +317,14 @@ class Launcher:
                 "--router", section.router, "--router-options", json.dumps(dict(section.router_options)),
                 "--deployment", str(self.layout.root)]
         return Child(f"engine-{index}", argv, self.layout.logs / f"engine-{index}.log", env=self._env())
+
+    def _mirror_child(self) -> Child:
+        """This machine's node mirror: versions cross from the bus to ``stage_url`` once for every engine."""
+        section = self.config.weight_sync
+        return Child("mirror", [self.python, "-m", "relayrl.weight_sync.mirror", self.layout.bus_url(self.config),
+                                section.stage_url, "--remote-options", json.dumps(dict(self.config.store.options)),
+                                "--prefix", section.prefix, "--poll-interval", str(section.poll_interval_s)],
+                     self.layout.logs / "mirror.log", env=self._env())
 
     def _rollout_child(self) -> Child:
         urls = [f"http://127.0.0.1:{port}" for port in self.engine_ports]
@@ -337,7 +350,7 @@ class Launcher:
 
     def _write_pids(self) -> None:
         """``status/launcher.json``: the pid of every live child (for operators, and the fault tests)."""
-        children = [*self.engines, self.rollout]
+        children = [*self.engines, self.rollout, self.mirror]
         pids = {child.name: child.process.pid for child in children
                 if child is not None and child.process is not None and child.poll() is None}
         if isinstance(self.trainer, TrainerRanks):
@@ -402,6 +415,9 @@ class Launcher:
             self.trainer = self._trainer_child()
             self.trainer.start()
             self._wait_for_first_weights()
+            if self.config.weight_sync.stage_url:  # the engines read the stage: fill it first
+                self.mirror = self._mirror_child()
+                self.mirror.start()
             # With engines_in_process the rollout process hosts the engines itself: no engine servers.
             for index in range(0 if self.config.rollout.engines_in_process else self.config.rollout.engines):
                 child, port = self._start_engine(index)
@@ -434,6 +450,8 @@ class Launcher:
                                     f"or a trainer started by hand; see {child.log_path})")
             if status is not None:
                 self.trainer = self._restart(self.trainer, limit, self._trainer_child)
+            if self.mirror is not None and self.mirror.poll() is not None:
+                self.mirror = self._restart(self.mirror, limit, self._mirror_child)
             for index, engine in enumerate(self.engines):
                 if engine.poll() is not None:
                     self.engines[index] = self._restart(engine, limit, lambda i=index: self._revive_engine(i))
@@ -480,7 +498,7 @@ class Launcher:
 
     def shutdown(self) -> None:
         """Stop the fleet first (nothing new is generated), then the trainer (it checkpoints and exits)."""
-        children: list[Any] = [self.rollout, *self.engines]
+        children: list[Any] = [self.rollout, *self.engines, self.mirror]
         for child in children:
             if child is not None:
                 child.terminate()

@@ -164,8 +164,7 @@ async def in_process_engines(layout: RunLayout, config: Config, *, pm: Any = Non
         options = {"dtype": config.model.dtype, **section.engine_options}
         engine = factory(str(layout.model_path(config)), engine_id=f"engine-{index}", version=0,
                          max_batch=section.max_batch, seed=config.run.seed + index, **options)
-        controller, _, _ = start_controller(engine, bus, prefix=config.weight_sync.prefix,
-                                            poll_interval_s=config.weight_sync.poll_interval_s)
+        controller, _, _ = start_controller(engine, bus, config.weight_sync)
         if controllers is not None:
             controllers[engine.engine_id] = controller
         engines.append(engine)

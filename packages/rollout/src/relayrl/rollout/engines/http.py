@@ -213,13 +213,21 @@ async def _serve(args: argparse.Namespace) -> None:
     engine, tokenizer = _build_engine(args)
     controller = None
     if args.bus:
+        import msgspec
+
         from relayrl.core.store import open_store
         from relayrl.rollout.weights import start_controller
+        from relayrl.weight_sync.config import WeightSyncSection
 
         # Keeps the weights current from the bus while serving (bootstrap, deltas, snapshots).
         store = open_store(args.bus, **json.loads(args.bus_options))
-        controller, stop_controller, _ = start_controller(engine, store, prefix=args.weights_prefix,
-                                                          poll_interval_s=args.poll_interval)
+        try:
+            section = msgspec.json.decode(args.weight_sync, type=WeightSyncSection)
+        except msgspec.ValidationError as exc:
+            raise SystemExit(f"--weight-sync: {exc}") from None
+        overrides = {key: value for key, value in (("prefix", args.weights_prefix),
+                                                   ("poll_interval_s", args.poll_interval)) if value is not None}
+        controller, stop_controller, _ = start_controller(engine, store, section, **overrides)
         if args.wait_for_weights:
             # Serve nothing from the directory's weights: READY only once a published version is applied.
             deadline = time.monotonic() + args.wait_for_weights
@@ -273,8 +281,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bus", default=None, help="store URL to follow for weight updates (relayrl-weight-sync)")
     parser.add_argument("--bus-options", default="{}", metavar="JSON",
                         help="store backend options for --bus, e.g. '{\"endpoint_url\": \"http://...\"}'")
-    parser.add_argument("--weights-prefix", default="weights")
-    parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between manifest polls")
+    parser.add_argument("--weight-sync", default="{}", metavar="JSON",
+                        help="with --bus: the [weight_sync] section its controller is built from (relayrl run: "
+                             "the run's), e.g. '{\"apply_mode\": \"xor\", \"stage_url\": \"file:///dev/shm/run\"}'")
+    parser.add_argument("--weights-prefix", default=None, help="overrides --weight-sync's prefix")
+    parser.add_argument("--poll-interval", type=float, default=None,
+                        help="seconds between manifest polls (overrides --weight-sync's poll_interval_s)")
     parser.add_argument("--wait-for-weights", type=float, default=0.0, metavar="SECONDS",
                         help="with --bus: apply a published version (newer than --version) before serving")
     asyncio.run(_serve(parser.parse_args(argv)))
