@@ -154,7 +154,7 @@ def start_controller(engine: Any, store: Store, section: WeightSyncSection | Non
 def apply_timings(controller: Controller) -> dict[str, Any]:
     """The engine's last weight update as its health reports it: seconds of each phase, whether it
     is held paused (a failed apply) or stuck on a version no route verifies (a repair asked for), and
-    how its controller applies versions (``weight_sync``: the settings it was built with)."""
+    how its controller applies versions (``settings``: what it was built with)."""
     info: dict[str, Any] = {"held_paused": controller.held_paused, "broken_version": controller.broken,
                             "settings": controller.settings()}
     if controller.reports:

@@ -223,7 +223,7 @@ async def _serve(args: argparse.Namespace) -> None:
         store = open_store(args.bus, **json.loads(args.bus_options))
         try:
             section = msgspec.json.decode(args.weight_sync, type=WeightSyncSection)
-        except msgspec.ValidationError as exc:
+        except msgspec.DecodeError as exc:  # not JSON, or a key or value the section does not take
             raise SystemExit(f"--weight-sync: {exc}") from None
         overrides = {key: value for key, value in (("prefix", args.weights_prefix),
                                                    ("poll_interval_s", args.poll_interval)) if value is not None}
