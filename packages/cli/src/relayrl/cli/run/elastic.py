@@ -50,6 +50,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from relayrl.cli.run.ranks import broadcast_decision
 from relayrl.core.processes import identity, is_dead
 from relayrl.trainer.distributed import GroupCollectives, set_data_parallel_group
 
@@ -178,8 +179,6 @@ class ElasticRanks:
         return self.group.broadcast_object(value, 0)
 
     def broadcast_decision(self, decision: Any) -> Any:
-        from relayrl.cli.run.ranks import broadcast_decision
-
         return decision if self.world == 1 else broadcast_decision(self, decision)
 
     def broadcast_module(self, module: torch.nn.Module) -> None:

@@ -213,8 +213,6 @@ async def _serve(args: argparse.Namespace) -> None:
     engine, tokenizer = _build_engine(args)
     controller = None
     if args.bus:
-        import msgspec
-
         from relayrl.core.store import open_store
         from relayrl.rollout.weights import start_controller
         from relayrl.weight_sync.config import WeightSyncSection
