@@ -64,6 +64,14 @@ def test_a_bad_config_fails_before_anything_starts(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
+def rollout_engines(run_dir):
+    """The engines' health in the rollout manager's newest status ([{}], not ready, before the first one)."""
+    try:
+        return json.loads((run_dir / "status" / "rollout.json").read_text())["engines"] or [{}]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return [{}]
+
+
 def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     stage = (tmp_path / "stage").as_uri()
@@ -79,7 +87,11 @@ def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_re
         wait_for(lambda: any(event.kind == "restart" for event in load_events(run_dir)), 120, "the engine restart", run)
         steps_at_restart = len(read_metrics(run_dir))
         wait_for(lambda: len(read_metrics(run_dir)) >= steps_at_restart + 2, 300, "steps after the restart", run)
-        engines = json.loads((run_dir / "status" / "rollout.json").read_text())["engines"]
+        # The status is a snapshot taken once a second: wait for one in which the restarted engine
+        # answered its health check (a snapshot taken while it was down has no weight_sync entry).
+        wait_for(lambda: all("weight_sync" in engine for engine in rollout_engines(run_dir)), 60,
+                 "the restarted engine's health", run)
+        engines = rollout_engines(run_dir)
         run.send_signal(signal.SIGINT)  # Ctrl-C
         output, _ = run.communicate(timeout=180)
     finally:
