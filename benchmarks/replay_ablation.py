@@ -104,7 +104,7 @@ async def run_variant(name: str, model, chat, steps: int, prompts: int, group: i
                 record.update(entropy=metrics["entropy/token_mean"], kl=metrics.get("mismatch/kl_k3", 0.0),
                               ratio_min=metrics.get("is/ratio_min", 1.0))
                 engine.pause()
-                engine.apply_named_tensors(dict(policy.named_parameters()), trainer.version)
+                engine.load_weights(dict(policy.named_parameters()), trainer.version)
                 engine.resume()
             history.append(record)
     finally:

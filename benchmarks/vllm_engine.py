@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
     store = open_store(str(workdir / "bus"))
     publisher = Publisher(store, background=False)
-    controller = Controller(store, engine.weight_sync_adapter(), reset_caches_on_apply=True)
+    controller = Controller(store, engine.weight_adapter(), reset_caches_on_apply=True)
     pauses, routes = [], []
     for update in range(4):
         if update:

@@ -62,10 +62,10 @@ class TestHttpEngine(EngineTests):
 def test_weight_update_requires_pause():
     engine = TorchEngine(tiny_llama(seed=0))
     with pytest.raises(RuntimeError, match="pause"):
-        engine.apply_named_tensors({}, 1)
+        engine.load_weights({}, 1)
     engine.pause()
     with pytest.raises(KeyError, match="no parameters named"):
-        engine.apply_named_tensors({"nope": 1}, 1)
+        engine.load_weights({"nope": 1}, 1)
     engine.resume()
     asyncio.run(engine.close())
 

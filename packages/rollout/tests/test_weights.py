@@ -11,13 +11,13 @@ import torch
 
 from relayrl.core.store import open_store
 from relayrl.rollout.engines.http import HttpEngine
-from relayrl.rollout.engines.torch_engine import TorchEngine
+from relayrl.rollout.engines.torch_engine import TorchEngine, TorchEngineAdapter
 from relayrl.rollout.protocol import GenerateRequest, SamplingParams
 from relayrl.rollout.testing import tiny_llama
 from relayrl.rollout.testing.engine_tests import recorded, replayed
 from relayrl.rollout.testing.servers import EngineServer
-from relayrl.rollout.weights import ShadowAdapter, TorchEngineAdapter, adapter_for
-from relayrl.weight_sync import Controller, Publisher
+from relayrl.rollout.weights import adapter_for
+from relayrl.weight_sync import Controller, EngineAdapter, Publisher, ShadowAdapter, WeightLoader
 
 PROMPT = [1, 11, 22, 33]
 
@@ -39,7 +39,9 @@ def test_controller_updates_the_engine_in_place(tmp_path):
     engine = TorchEngine(copy.deepcopy(trainer_model), version=0)
     store = open_store(str(tmp_path / "bus"))
     publisher = Publisher(store, background=False)
-    controller = Controller(store, TorchEngineAdapter(engine), reset_caches_on_apply=True)
+    adapter = adapter_for(engine)
+    assert isinstance(adapter, TorchEngineAdapter) and isinstance(adapter, EngineAdapter)
+    controller = Controller(store, adapter, reset_caches_on_apply=True)
 
     publisher.publish(trainer_model.state_dict()).result()
     first = controller.poll_once()
@@ -61,17 +63,17 @@ def test_controller_updates_the_engine_in_place(tmp_path):
 
 
 class Repacking(TorchEngine):
-    """A torch engine that, like vLLM, only takes weights through apply_named_tensors (no raw tensors)."""
+    """A torch engine that, like vLLM, only takes weights through load_weights (no raw tensors)."""
 
     def __init__(self, model, **kwargs):
         super().__init__(model, **kwargs)
         self.pushed: list[tuple[list[str], int]] = []
 
-    def apply_named_tensors(self, tensors, version):
+    def load_weights(self, tensors, version):
         self.pushed.append((sorted(tensors), version))
-        super().apply_named_tensors(tensors, version)
+        super().load_weights(tensors, version)
 
-    def weight_sync_adapter(self):
+    def weight_adapter(self):
         shadow = {name: value.detach().clone() for name, value in self.model.state_dict().items()}
         return ShadowAdapter(self, shadow)
 
@@ -80,7 +82,8 @@ def test_shadow_adapter_applies_deltas_to_the_shadow_and_pushes_the_changed_tens
     trainer_model = tiny_llama(seed=0)
     engine = Repacking(copy.deepcopy(trainer_model), version=0)
     adapter = adapter_for(engine)
-    assert isinstance(adapter, ShadowAdapter)
+    # One protocol, one spelling: the engine is a WeightLoader, the adapter weight-sync's EngineAdapter.
+    assert isinstance(engine, WeightLoader) and isinstance(adapter, ShadowAdapter) and isinstance(adapter, EngineAdapter)
     store = open_store(str(tmp_path / "bus"))
     publisher = Publisher(store, background=False)
     controller = Controller(store, adapter, reset_caches_on_apply=True)

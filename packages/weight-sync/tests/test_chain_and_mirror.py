@@ -55,7 +55,7 @@ def test_node_mirror_downloads_once_for_every_engine_on_the_node(tmp_path, remot
         copied.append(report.versions_copied)
         for controller, engine in zip(controllers, engines):
             controller.poll_once()
-            assert engine.served_version() == version and engine_equals(engine, small_state(version))
+            assert engine.served_version == version and engine_equals(engine, small_state(version))
     assert copied == [[1], [2], [3], [4], [5]]          # each version crosses the network once
     assert mirror.sync_once().versions_copied == []
     assert WeightBus(local).committed_versions() == [4, 5]

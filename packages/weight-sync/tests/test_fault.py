@@ -165,8 +165,8 @@ def _run_kills(url: str, kills: int, max_delay_s: float, seed: int) -> None:
     # and the ``latest`` pointer's update (on a fast store the uploads themselves are a narrow window).
     assert debris_seen + lagging_pointer > 0, "no kill landed mid-publish; the test tested nothing"
     final = poller.engine
-    if final.served_version() is not None:
-        assert _holds(final, final.served_version())
+    if final.served_version is not None:
+        assert _holds(final, final.served_version)
 
 
 def test_sigkilled_publishers_on_local_files(tmp_path):

@@ -43,7 +43,7 @@ def test_delta_onto_the_exact_parent_with_every_phase_timed(store):
     controller = Controller(store, engine)
     publish(publisher, 1)
     first = controller.poll_once()
-    assert first.route == "snapshot" and engine.served_version() == 1 and engine_equals(engine, state(1))
+    assert first.route == "snapshot" and engine.served_version == 1 and engine_equals(engine, state(1))
     publish(publisher, 2)
     report = controller.poll_once()
     assert (report.route, report.previous, report.version, report.versions_decoded) == ("delta", 1, 2, 1)
@@ -179,7 +179,7 @@ def test_a_mismatch_after_apply_is_an_error_and_leaves_the_engine_paused_with_it
     controller = Controller(store, engine)
     with pytest.raises(BitMismatch, match="version 1"):
         controller.poll_once()
-    assert engine.served_version() is None and engine._paused and controller.held_paused
+    assert engine.served_version is None and engine._paused and controller.held_paused
 
 
 class FailingEngine(StateDictAdapter):
@@ -213,14 +213,14 @@ def test_an_apply_that_raises_partway_never_serves_mixed_bits_and_heals_from_a_s
         controller.poll_once()
     # Half old, half new: the engine must not serve it under version 1's number, nor at all.
     assert not engine_equals(engine, state(1)) and not engine_equals(engine, state(2))
-    assert engine.served_version() is None and engine._paused and controller.held_paused
+    assert engine.served_version is None and engine._paused and controller.held_paused
     with pytest.raises(WeightSyncError, match="failed"):  # still failing: still paused, still unknown
         controller.poll_once()
-    assert engine._paused and engine.served_version() is None
+    assert engine._paused and engine.served_version is None
     engine.fail_after = None
     report = controller.poll_once()
     assert (report.route, report.previous, report.version) == ("snapshot", None, 2)
-    assert engine_equals(engine, state(2)) and engine.served_version() == 2
+    assert engine_equals(engine, state(2)) and engine.served_version == 2
     assert not engine._paused and not controller.held_paused
     publish(publisher, 3)  # back to deltas
     assert controller.poll_once().route == "delta" and engine_equals(engine, state(3))
@@ -590,14 +590,14 @@ def test_explicit_version_numbers_may_skip_and_deltas_chain_over_the_gaps(store)
     engine = fresh_engine()
     controller = Controller(store, engine)
     publisher.publish(state(2), version=2).result()
-    assert controller.poll_once().route == "snapshot" and engine.served_version() == 2
+    assert controller.poll_once().route == "snapshot" and engine.served_version == 2
     for version in (4, 6):
         report = publisher.publish(state(version), version=version).result()
         assert report.kind == "delta"
     manifest = publisher.bus.read_manifest(6)
     assert manifest.parent == 4
     report = controller.poll_once()
-    assert report.route == "replay" and engine.served_version() == 6 and engine_equals(engine, state(6))
+    assert report.route == "replay" and engine.served_version == 6 and engine_equals(engine, state(6))
     late = fresh_engine()  # a new engine: the snapshot at 2, then the deltas 4 and 6
     assert Controller(store, late).poll_once().route == "snapshot" and engine_equals(late, state(6))
     with pytest.raises(WeightSyncError, match="next version is 7"):
@@ -638,7 +638,7 @@ def test_a_corrupt_weight_object_is_repaired_by_a_fresh_snapshot_not_retried_for
     requests = bus.repair_requests()
     assert requests and requests[0].endswith("0000000003-engine-7") and publisher.repair_requested()
     assert controller.poll_once() is None and controller.broken == 3  # no refetch of the same broken chain
-    assert new.served_version() is None and not new._paused  # failed before the pause: untouched
+    assert new.served_version is None and not new._paused  # failed before the pause: untouched
     if damaged in ("delta object", "delta manifest"):  # the running engine cannot reach 3 either
         with pytest.raises(WeightSyncError):
             running_controller.poll_once()

@@ -44,7 +44,7 @@ def base_engine(shared_engine):
         base = tiny_llama(**MODEL).state_dict()
         shared_engine.pause()
         try:
-            shared_engine.apply_named_tensors(base, shared_engine.served_version + 1)
+            shared_engine.load_weights(base, shared_engine.served_version + 1)
         finally:
             shared_engine.resume()
         shared_engine.weight_updates = 0
@@ -94,7 +94,7 @@ def test_the_weight_sync_controller_keeps_the_engine_current(base_engine, tmp_pa
     from relayrl.weight_sync import Controller, Publisher
 
     trainer_model = tiny_llama(**MODEL)
-    adapter = base_engine.weight_sync_adapter()
+    adapter = base_engine.weight_adapter()
     store = open_store(str(tmp_path / "bus"))
     publisher = Publisher(store, background=False)
     controller = Controller(store, adapter, reset_caches_on_apply=True)

@@ -13,12 +13,13 @@ logprobs, kept-sets by the route :mod:`relayrl_vllm.sampling` describes, per-req
 Weight updates, in place. :meth:`pause` freezes the scheduler with in-flight requests kept
 (``pause_generation(mode="keep")``) and waits until every token generated before the pause has been
 handed to its stream, so the version stamped on each token is the one that produced it.
-:meth:`apply_named_tensors` writes the tensors to a safetensors file in shared memory and has each
+:meth:`load_weights` writes the tensors to a safetensors file in shared memory and has each
 worker load it with ``reload_weights(is_checkpoint_format=True)`` (:mod:`relayrl_vllm.worker`),
 sets vLLM's own weight version, and resets the prefix cache, preempting running requests so their
 KV cache is recomputed under the new weights (vLLM's recompute preemption). :meth:`resume` lets the
-scheduler go. The weight-sync controller drives this through a :class:`ShadowAdapter` (a CPU copy
-of the checkpoint tensors that deltas are decoded and verified against).
+scheduler go. The engine is a :class:`relayrl.weight_sync.WeightLoader`: the weight-sync controller
+drives it through the :class:`~relayrl.weight_sync.ShadowAdapter` that :meth:`weight_adapter`
+returns (a CPU copy of the checkpoint tensors that deltas are decoded and verified against).
 
 At the end of each request, vLLM's own per-token weight-version spans are compared with what was
 streamed; a disagreement is counted in ``health()["version_mismatches"]`` and logged.
@@ -38,7 +39,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from relayrl.rollout.loop_thread import Emit, LoopThread
-from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, StreamEvent, WeightSyncTarget
+from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, StreamEvent
+from relayrl.weight_sync import ShadowAdapter
 from relayrl_vllm.sampling import EXTRA_ARGS_KEY, kept_bound, relayrl_args, tokens_from_completion, truncates
 
 __all__ = ["VllmEngine", "kept_set_route"]
@@ -70,7 +72,7 @@ class _Active:
         self.versions: list[int] = []
 
 
-class VllmEngine(InferenceEngine, WeightSyncTarget):
+class VllmEngine(InferenceEngine):
     """An inference engine backed by vLLM (see the module docstring).
 
     ``model``: a local Hugging Face model directory. ``max_batch``: vLLM's ``max_num_seqs``.
@@ -273,9 +275,9 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
         self._call(self._llm.resume_generation())
         self._paused = False
 
-    def apply_named_tensors(self, tensors: Mapping[str, Any], version: int) -> None:
+    def load_weights(self, tensors: Mapping[str, Any], version: int) -> None:
         if not self._paused:
-            raise RuntimeError(f"engine {self.engine_id}: pause() before apply_named_tensors()")
+            raise RuntimeError(f"engine {self.engine_id}: pause() before load_weights()")
         if tensors:
             path = _write_transport_file(tensors)
             try:
@@ -285,18 +287,17 @@ class VllmEngine(InferenceEngine, WeightSyncTarget):
         self._call(self._llm.update_weight_version(str(version)))
         self._version = version
         self.weight_updates += 1
-        self.reset_cache()
+        self.reset_caches()
 
-    def reset_cache(self) -> None:
+    def reset_caches(self) -> None:
         # Running requests are preempted and recompute their KV cache under the current weights.
         self._call(self._llm.reset_prefix_cache(reset_running_requests=True))
         self.cache_resets += 1
 
-    def weight_sync_adapter(self) -> Any:
-        """A :class:`ShadowAdapter` over a CPU copy of the checkpoint in the served dtype (as published)."""
+    def weight_adapter(self) -> ShadowAdapter:
+        """A :class:`~relayrl.weight_sync.ShadowAdapter` over a CPU copy of the checkpoint in the served
+        dtype (as published): vLLM repacks its weights, so it only loads named tensors."""
         from transformers import AutoModelForCausalLM
-
-        from relayrl.rollout.weights import ShadowAdapter
 
         model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=self.dtype, local_files_only=True)
         # Every update is pushed whole: vLLM's loaders fuse tensors (q, k, v) and cannot take part of a group.

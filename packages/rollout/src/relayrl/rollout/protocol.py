@@ -6,22 +6,25 @@ for every token, its logprob under the truncated distribution actually sampled f
 version of the weights that produced it, and its kept-set. :func:`collect_span` folds a stream
 into a :class:`relayrl.core.wire.GeneratedSpan`, the record the trainer replays.
 
-Engines also implement the weight-sync side (pause, apply in place, resume, served version, cache
-reset), so a weight controller can update them while they serve.
+An engine that takes weight updates while it serves says how, with :meth:`InferenceEngine.weight_adapter`:
+relayrl-weight-sync's :class:`~relayrl.weight_sync.EngineAdapter`, the one protocol a weight
+controller drives (weight-sync owns it).
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Iterable, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from relayrl.core.wire import GeneratedSpan
 
-__all__ = ["EngineDied", "GenerateRequest", "InferenceEngine", "SamplingParams", "StreamEvent", "WeightSyncTarget",
-           "collect_span"]
+if TYPE_CHECKING:
+    from relayrl.weight_sync import EngineAdapter
+
+__all__ = ["EngineDied", "GenerateRequest", "InferenceEngine", "SamplingParams", "StreamEvent", "collect_span"]
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,31 +91,15 @@ class InferenceEngine(abc.ABC):
     async def close(self) -> None:  # noqa: B027 - optional hook, nothing to release by default
         """Release resources (threads, sessions)."""
 
+    def weight_adapter(self) -> EngineAdapter | None:
+        """How a weight controller updates this engine in place while it serves; None (the default):
+        it takes no weight updates (a client of a remote engine, a router).
 
-class WeightSyncTarget(abc.ABC):
-    """The weight-sync side of an engine: a controller pauses it, applies a version in place, resumes."""
-
-    @property
-    @abc.abstractmethod
-    def served_version(self) -> int:
-        """Policy version of the weights being served."""
-
-    @abc.abstractmethod
-    def pause(self) -> None:
-        """Stop between decode steps (blocking until stopped); in-flight sequences keep their KV cache."""
-
-    @abc.abstractmethod
-    def resume(self) -> None:
-        """Continue after :meth:`pause`."""
-
-    @abc.abstractmethod
-    def apply_named_tensors(self, tensors: Mapping[str, Any], version: int) -> None:
-        """Copy ``tensors`` (name -> tensor, a subset of the state dict) into the weights in place,
-        while paused, and serve ``version`` from now on. Caches keyed by weights are invalidated."""
-
-    @abc.abstractmethod
-    def reset_cache(self) -> None:
-        """Drop every cache that depends on the weights."""
+        Engines whose weights are plain tensors return an adapter that writes them directly; engines
+        that repack their weights implement :class:`~relayrl.weight_sync.WeightLoader` and return a
+        :class:`~relayrl.weight_sync.ShadowAdapter` over themselves. Called once per controller.
+        """
+        return None
 
 
 def collect_span(events: Iterable[StreamEvent]) -> GeneratedSpan:

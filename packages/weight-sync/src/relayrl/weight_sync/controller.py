@@ -211,7 +211,7 @@ class Controller:
     def poll_once(self) -> ApplyReport | None:
         """Update the engine to the newest committed version, if it is not there; the report or None."""
         target = self.bus.newest_version()
-        if target is None or target == self.engine.served_version() or target == self.broken:
+        if target is None or target == self.engine.served_version or target == self.broken:
             return None
         return self.update_to(target)
 
@@ -233,7 +233,7 @@ class Controller:
     def update_to(self, target: int) -> ApplyReport:
         """Bring the engine to ``target``: prefetch, verify, pause, apply, resume. Retries once by snapshot."""
         started = time.perf_counter()
-        previous = self.engine.served_version()
+        previous = self.engine.served_version
         try:
             plan = plan_route(self.bus, target, previous)
             staged = self._prefetch(plan)

@@ -8,8 +8,9 @@ next one (static batching: simple, and enough for CPU and small models; vLLM is 
 throughput).
 
 Weight updates: :meth:`TorchEngine.pause` blocks until the worker reaches a step boundary;
-:meth:`apply_named_tensors` copies tensors into the parameters in place and bumps the served
-version; :meth:`resume` lets decoding continue. In-flight sequences keep their KV cache and carry
+:meth:`load_weights` copies tensors into the parameters in place and bumps the served version
+(a weight controller instead writes the parameters' bits through :class:`TorchEngineAdapter`, zero
+copy); :meth:`resume` lets decoding continue. In-flight sequences keep their KV cache and carry
 on with the new weights, and every token records the version that sampled it.
 
 Determinism: a request with ``params.seed`` samples from its own generator, so the same request on
@@ -28,9 +29,10 @@ from typing import Any
 import torch
 
 from relayrl.algo.sampling import sample_tokens
-from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, StreamEvent, WeightSyncTarget
+from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, StreamEvent
+from relayrl.weight_sync import StateDictAdapter
 
-__all__ = ["TorchEngine"]
+__all__ = ["TorchEngine", "TorchEngineAdapter"]
 
 
 @dataclasses.dataclass
@@ -50,8 +52,12 @@ class _Pending:
             self.cancelled = True
 
 
-class TorchEngine(InferenceEngine, WeightSyncTarget):
-    """An in-process engine over a ``transformers`` causal LM (see the module docstring)."""
+class TorchEngine(InferenceEngine):
+    """An in-process engine over a ``transformers`` causal LM (see the module docstring).
+
+    It is a :class:`relayrl.weight_sync.WeightLoader`; :meth:`weight_adapter` gives a controller direct
+    access to its parameters.
+    """
 
     _ids = itertools.count()
 
@@ -73,7 +79,7 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
         self._resumed.set()
         self._closed = False
         self.cache_generation = 0
-        """Bumped by :meth:`reset_cache`; caches built under an older generation are never reused."""
+        """Bumped by :meth:`reset_caches`; caches built under an older generation are never reused."""
         self.steps = 0
         self.weight_updates = 0
         """Weight versions applied in place since the engine started."""
@@ -197,7 +203,10 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
             attention = torch.cat([attention, torch.ones((len(batch), 1), dtype=attention.dtype, device=device)], dim=1)
             positions = positions[:, -1:] + 1
 
-    # ------------------------------------------------------------------ weight-sync adapter
+    # ------------------------------------------------------------------ weights (relayrl.weight_sync.WeightLoader)
+    def weight_adapter(self) -> TorchEngineAdapter:
+        return TorchEngineAdapter(self)
+
     @property
     def served_version(self) -> int:
         return self._version
@@ -218,9 +227,9 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
     def paused(self) -> bool:
         return not self._resumed.is_set()
 
-    def apply_named_tensors(self, tensors: Mapping[str, Any], version: int) -> None:
+    def load_weights(self, tensors: Mapping[str, Any], version: int) -> None:
         if not self.paused:
-            raise RuntimeError(f"engine {self.engine_id}: pause() before apply_named_tensors()")
+            raise RuntimeError(f"engine {self.engine_id}: pause() before load_weights()")
         state = self.model.state_dict()
         unknown = sorted(set(tensors) - set(state))
         if unknown:
@@ -235,7 +244,7 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
                 target.copy_(source)
         self._version = version
         self.weight_updates += 1
-        self.reset_cache()
+        self.reset_caches()
 
     def set_served_version(self, version: int) -> None:
         """Record the version now served, after weights were written by someone else (while paused)."""
@@ -245,7 +254,7 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
             self.weight_updates += 1
         self._version = version
 
-    def reset_cache(self) -> None:
+    def reset_caches(self) -> None:
         self.cache_generation += 1
 
     async def close(self) -> None:
@@ -259,3 +268,32 @@ class TorchEngine(InferenceEngine, WeightSyncTarget):
         return {"engine_id": self.engine_id, "version": self._version, "waiting": len(self._waiting),
                 "steps": self.steps, "weight_updates": self.weight_updates, "alive": self._worker.is_alive(), "paused": self.paused}
 
+
+
+class TorchEngineAdapter(StateDictAdapter):
+    """weight-sync's :class:`~relayrl.weight_sync.EngineAdapter` for a :class:`TorchEngine`: deltas are
+    decoded straight into the engine's parameters (zero copy), inside the engine's own pause (between
+    decode steps)."""
+
+    def __init__(self, engine: TorchEngine, *, threads: int = 0) -> None:
+        super().__init__(engine.model, version=engine.served_version, threads=threads)
+        self.engine = engine
+
+    def pause(self) -> None:
+        self.engine.pause()  # returns once no decode step is running
+        self._paused = True
+        self.pauses += 1
+
+    def resume(self) -> None:
+        self._require_paused()
+        self._paused = False
+        self.engine.resume()
+
+    def reset_caches(self) -> None:
+        self.engine.reset_caches()
+        self.cache_resets += 1
+
+    def set_served_version(self, version: int | None) -> None:
+        self.version = version
+        if version is not None:
+            self.engine.set_served_version(version)

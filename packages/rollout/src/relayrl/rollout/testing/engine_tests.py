@@ -11,8 +11,9 @@ Subclass it and override two fixtures::
         def reference_model(self):               # a transformers causal LM (the trainer's view)
             return tiny_llama(seed=0)
 
-The weight-update tests need an engine that is also a :class:`WeightSyncTarget`; others skip them,
-saying so. Every check compares the engine with the trainer's side of the contract: a token's
+The weight-update tests need an engine whose ``weight_adapter()`` is not None; others skip them,
+saying so. They update the engine through that adapter in the order a weight controller does
+(pause, write the bits, record the version, reset caches, resume). Every check compares the engine with the trainer's side of the contract: a token's
 recorded logprob must equal :func:`relayrl.algo.replay_logprobs` on the reference model with the
 same weights and the recorded kept-set.
 """
@@ -26,7 +27,9 @@ import torch
 
 from relayrl.algo.sampling import KeptSets, replay_logprobs
 from relayrl.core.wire import GeneratedSpan
-from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams, WeightSyncTarget
+from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams
+from relayrl.weight_sync import EngineAdapter
+from relayrl.weight_sync.bits import bits_view
 
 PROMPTS = [[1, 5, 9, 12], [1, 7], [1, 3, 3, 3, 8, 20, 4], [1, 30, 31]]
 
@@ -69,6 +72,29 @@ def perturbed_state(model: torch.nn.Module, scale: float = 0.05, seed: int = 123
                 by_storage[key] = value + scale * torch.randn(value.shape, generator=generator)
             state[name] = by_storage[key]
     return state
+
+
+def weight_adapter(engine: InferenceEngine) -> EngineAdapter:
+    """The engine's weight-sync adapter; skips the test, saying why, when it takes no weight updates."""
+    adapter = engine.weight_adapter()
+    if adapter is None:
+        pytest.skip(f"{type(engine).__name__} takes no weight updates (weight_adapter() is None)")
+    assert isinstance(adapter, EngineAdapter), f"{type(adapter).__name__} lacks part of weight-sync's EngineAdapter"
+    return adapter
+
+
+def write_weights(adapter: EngineAdapter, state: dict[str, torch.Tensor], version: int) -> None:
+    """Write ``state`` into a paused engine as a controller's snapshot apply does: the bits of each
+    tensor in the engine's own dtype, then the version (caches are reset after it, as configured by
+    default). The caller pauses and resumes."""
+    specs = adapter.tensor_specs()
+    bits = {}
+    for name, value in state.items():
+        dtype = getattr(torch, specs[name][0])
+        bits[name] = bits_view(value.detach().to(dtype).contiguous(), name=name).copy()
+    adapter.apply_tensors(bits)
+    adapter.set_served_version(version)
+    adapter.reset_caches()
 
 
 class EngineTests:
@@ -119,24 +145,22 @@ class EngineTests:
         assert int(stopped.token_ids()[-1]) == stop and len(stopped) <= 5
 
     def test_tokens_carry_the_served_version(self, engine) -> None:
-        if not isinstance(engine, WeightSyncTarget):
-            pytest.skip(f"{type(engine).__name__} is not a WeightSyncTarget")
+        adapter = weight_adapter(engine)
         span = run(engine.generate(request(0, seed=1)))
-        assert set(span.token_versions()) == {engine.served_version}
+        assert set(span.token_versions()) == {adapter.served_version}
 
     def test_apply_in_place_changes_outputs_and_invalidates_caches(self, engine, reference_model) -> None:
-        if not isinstance(engine, WeightSyncTarget):
-            pytest.skip(f"{type(engine).__name__} is not a WeightSyncTarget")
+        adapter = weight_adapter(engine)
         before = run(engine.generate(request(3, seed=5, top_p=0.9)))  # also warms any prefix cache
         new_state = perturbed_state(reference_model)
-        version = engine.served_version + 1
-        engine.pause()
+        version = adapter.served_version + 1
+        adapter.pause()
         try:
-            engine.apply_named_tensors(new_state, version)
+            write_weights(adapter, new_state, version)
         finally:
-            engine.resume()
+            adapter.resume()
         after = run(engine.generate(request(3, seed=5, top_p=0.9)))
-        assert engine.served_version == version and set(after.token_versions()) == {version}
+        assert adapter.served_version == version and set(after.token_versions()) == {version}
         assert after.logprobs != before.logprobs
         reference_model.load_state_dict(new_state, strict=False)
         # Same prompt as before: a stale prefix cache would show up as a replay mismatch here.
@@ -144,9 +168,8 @@ class EngineTests:
                                    atol=self.logprob_atol, rtol=0)
 
     def test_update_during_generation_keeps_streaming_with_new_versions(self, engine, reference_model) -> None:
-        if not isinstance(engine, WeightSyncTarget):
-            pytest.skip(f"{type(engine).__name__} is not a WeightSyncTarget")
-        old_version = engine.served_version
+        adapter = weight_adapter(engine)
+        old_version = adapter.served_version
         new_state = perturbed_state(reference_model, seed=9)
 
         # Long enough that an engine running ahead of its consumer (vLLM) is still generating when
@@ -158,9 +181,9 @@ class EngineTests:
             async for event in engine.stream(request(0, seed=2, max_tokens=max_tokens)):
                 events.append(event)
                 if len(events) == 3:
-                    await asyncio.get_running_loop().run_in_executor(None, engine.pause)
-                    engine.apply_named_tensors(new_state, old_version + 1)
-                    engine.resume()
+                    await asyncio.get_running_loop().run_in_executor(None, adapter.pause)
+                    write_weights(adapter, new_state, old_version + 1)
+                    adapter.resume()
             return events
 
         events = run(generate_with_update())
