@@ -100,7 +100,7 @@ class DropStale:
 class StalenessPlugin:
     @hookimpl
     def relayrl_algo_mismatch_corrections(self):
-        yield Registration("drop-stale", DropStale, "mask sequences that lag too far")
+        yield Registration("drop-stale", DropStale, "mask sequences that lag too far", config=DropStale.Config)
 
 
 def test_a_plugin_correction_can_depend_on_staleness():

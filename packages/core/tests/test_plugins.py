@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.core.errors import PluginError
+from relayrl.core.config import Section, resolve_plugin
+from relayrl.core.errors import ConfigError, PluginError
 from relayrl.core.plugins import (
     Registration,
     create_plugin_manager,
@@ -177,6 +178,41 @@ def test_registration_names_are_validated(name):
 def test_registration_factory_must_be_callable():
     with pytest.raises(ValueError, match="factory must be callable"):
         Registration("x", 3)
+
+
+def test_registrations_declare_their_config_and_capabilities():
+    record = Registration("x", dict, capabilities=["elastic", "data-parallel"])
+    assert record.capabilities == frozenset({"elastic", "data-parallel"}) and record.config is None
+    with pytest.raises(ValueError, match="capabilities must be a collection of names"):
+        Registration("x", dict, capabilities="elastic")  # a string is not a set of names
+    with pytest.raises(ValueError, match="config must be a struct type"):
+        Registration("x", dict, config=Section())
+
+
+def test_resolve_plugin_decodes_declared_options_and_names_the_key():
+    class Options(Section, kw_only=True):
+        width: int = 3
+
+        def check(self, pm, path):
+            if self.width < 1:
+                raise ConfigError(f"{path}.width: must be at least 1")
+
+    class Things:
+        @hookimpl
+        def relayrl_core_stores(self):
+            yield Registration("configured", dict, "takes options", config=Options)
+            yield Registration("bare", dict, "takes none")
+
+    pm = create_plugin_manager(load_entry_points=False, plugins=[("things", Things())])
+    record, config = resolve_plugin(pm, "relayrl_core_stores", "configured", {"width": 5}, kind="store", path="x.store")
+    assert record.name == "configured" and config == Options(width=5)
+    assert resolve_plugin(pm, "relayrl_core_stores", "bare", None, kind="store", path="x.store")[1] is None
+    for name, options, message in [("configured", {"widht": 1}, "x.store_options.widht: unknown key"),
+                                   ("configured", {"width": 0}, "x.store_options.width: must be at least 1"),
+                                   ("bare", {"width": 1}, "x.store_options: store 'bare' takes no options"),
+                                   ("missing", {}, "x.store: unknown store 'missing'")]:
+        with pytest.raises(ConfigError, match=message):
+            resolve_plugin(pm, "relayrl_core_stores", name, options, kind="store", path="x.store")
 
 
 def test_two_plugins_with_one_name_are_refused(site):

@@ -141,18 +141,16 @@ def test_backend_registered_and_config_validated():
     with pytest.raises(ConfigError, match="trainer.elastic: needs ranks > 1"):
         load_config({"trainer": {"elastic": True}})
 
-    def sharded(model, **kwargs):  # data-parallel, its ranks holding shards (as DeepSpeed ZeRO): not elastic
-        return None
-
-    sharded.data_parallel = True
-
     class Backends:
         @hookimpl
         def relayrl_trainer_backends(self):
             yield Registration("solo", lambda model, **kwargs: None, "one process only")
-            yield Registration("sharded", sharded, "data-parallel, not elastic")
+            # Data-parallel, its ranks holding shards (as DeepSpeed ZeRO): not elastic.
+            yield Registration("sharded", lambda model, **kwargs: None, "data-parallel, not elastic",
+                               capabilities={"data-parallel"})
 
     pm = create_plugin_manager(plugins=[("backends", Backends())])
+    assert load_config({"trainer": {"backend": "sharded", "ranks": 2}}, pm=pm).trainer.ranks == 2
     with pytest.raises(ConfigError, match="trainer.ranks: backend 'solo' trains in one process"):
         load_config({"trainer": {"backend": "solo", "ranks": 2}}, pm=pm)
     with pytest.raises(ConfigError, match="trainer.elastic: backend 'sharded' cannot change its number of ranks"):

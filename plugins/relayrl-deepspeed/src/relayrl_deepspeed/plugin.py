@@ -13,13 +13,12 @@ def _deepspeed_trainer(model, *, run_config=None, **kwargs):
     return DeepSpeedTrainer(model, **kwargs)
 
 
-_deepspeed_trainer.data_parallel = True  # type: ignore[attr-defined]  # [trainer] ranks > 1 works with it
-
-
 @hookimpl
 def relayrl_trainer_backends():
+    # Data-parallel ([trainer] ranks > 1), not elastic: ZeRO shards the model and optimiser state.
     yield Registration("deepspeed", _deepspeed_trainer,
-                       "DeepSpeed ZeRO 1/2/3, bf16, DeepSpeed Muon + AdamW; publishes tensor by tensor")
+                       "DeepSpeed ZeRO 1/2/3, bf16, DeepSpeed Muon + AdamW; publishes tensor by tensor",
+                       capabilities={"data-parallel"})
 
 
 @hookimpl

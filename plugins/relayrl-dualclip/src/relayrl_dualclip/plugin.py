@@ -16,4 +16,5 @@ def relayrl_algo_losses():
     """Register the loss, so ``[algo] loss = "dual-clip"`` selects it."""
     from relayrl_dualclip.loss import DualClipPPO
 
-    yield Registration(NAME, DualClipPPO, "PPO-clip with a lower bound c * A on negative-advantage tokens (dual-clip)")
+    yield Registration(NAME, DualClipPPO, "PPO-clip with a lower bound c * A on negative-advantage tokens (dual-clip)",
+                       config=DualClipPPO.Config)

@@ -4,9 +4,9 @@
 the router's (``policy``, ``retries``, ``down_for_s``) and :class:`DynamoSettings` fields
 (``namespace``, ``discovery``, ``discovery_dir``, ``etcd_endpoints``, ``host``).
 
-A router factory with a ``serve_engine`` method tells ``relayrl run`` that engines register with
-the router themselves: each engine process calls ``await factory.serve_engine(engine, ...)`` (it
-becomes a Dynamo instance), and the rollout process builds the router with ``serve=False``. Both
+The registration declares the ``discovery`` capability: engines register with the router
+themselves. Each engine process calls ``await factory.serve_engine(engine, ...)`` (it becomes a
+Dynamo instance), and the rollout process builds the router with ``serve=False``. Both
 pass ``deployment`` (the run directory), from which the namespace and the ``file`` discovery
 directory of the run derive unless the options set them.
 """

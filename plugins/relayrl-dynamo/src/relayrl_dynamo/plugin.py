@@ -9,4 +9,5 @@ from relayrl_dynamo.factory import DynamoRouterFactory
 @hookimpl
 def relayrl_rollout_routers():
     yield Registration("dynamo", DynamoRouterFactory(),
-                       "NVIDIA Dynamo: engines register as instances, requests go over its TCP request plane")
+                       "NVIDIA Dynamo: engines register as instances, requests go over its TCP request plane",
+                       capabilities={"discovery"})

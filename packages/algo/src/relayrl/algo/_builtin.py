@@ -23,29 +23,29 @@ def relayrl_core_config_sections():
 def relayrl_algo_losses():
     from relayrl.algo.losses import CISPO, GSPO, PPOClip
 
-    yield Registration("ppo-clip", PPOClip, "token-level PPO-clip with separate low/high clip ranges")
-    yield Registration("gspo", GSPO, "sequence-level (length-normalised) ratio, clipped per sequence")
-    yield Registration("cispo", CISPO, "clipped, stop-gradient IS weight times logprob; no token loses its gradient")
+    yield Registration("ppo-clip", PPOClip, "token-level PPO-clip with separate low/high clip ranges", config=PPOClip.Config)
+    yield Registration("gspo", GSPO, "sequence-level (length-normalised) ratio, clipped per sequence", config=GSPO.Config)
+    yield Registration("cispo", CISPO, "clipped, stop-gradient IS weight times logprob; no token loses its gradient", config=CISPO.Config)
 
 
 @hookimpl
 def relayrl_algo_advantage_estimators():
     from relayrl.algo.advantages import GRPO, RLOO, DrGRPO
 
-    yield Registration("grpo", GRPO, "group mean-centred rewards, optionally std-scaled")
-    yield Registration("drgrpo", DrGRPO, "group mean-centred rewards, no std scaling (Dr.GRPO)")
-    yield Registration("rloo", RLOO, "leave-one-out baseline")
+    yield Registration("grpo", GRPO, "group mean-centred rewards, optionally std-scaled", config=GRPO.Config)
+    yield Registration("drgrpo", DrGRPO, "group mean-centred rewards, no std scaling (Dr.GRPO)", config=DrGRPO.Config)
+    yield Registration("rloo", RLOO, "leave-one-out baseline", config=RLOO.Config)
 
 
 @hookimpl
 def relayrl_algo_mismatch_corrections():
     from relayrl.algo.correction import GeometricMask, NoCorrection, SequenceMask, TokenMask, TruncatedIS
 
-    yield Registration("none", NoCorrection, "no correction (metrics only)")
-    yield Registration("truncated", TruncatedIS, "truncated importance sampling: w = min(rho, cap)")
-    yield Registration("token-mask", TokenMask, "mask tokens whose ratio leaves [lower, upper]")
-    yield Registration("sequence-mask", SequenceMask, "mask sequences whose product ratio leaves [lower, upper]")
-    yield Registration("geometric-mask", GeometricMask, "mask sequences whose geometric-mean ratio leaves [lower, upper]")
+    yield Registration("none", NoCorrection, "no correction (metrics only)", config=NoCorrection.Config)
+    yield Registration("truncated", TruncatedIS, "truncated importance sampling: w = min(rho, cap)", config=TruncatedIS.Config)
+    yield Registration("token-mask", TokenMask, "mask tokens whose ratio leaves [lower, upper]", config=TokenMask.Config)
+    yield Registration("sequence-mask", SequenceMask, "mask sequences whose product ratio leaves [lower, upper]", config=SequenceMask.Config)
+    yield Registration("geometric-mask", GeometricMask, "mask sequences whose geometric-mean ratio leaves [lower, upper]", config=GeometricMask.Config)
 
 
 @hookimpl
@@ -53,7 +53,7 @@ def relayrl_algo_reward_shapers():
     from relayrl.algo.length_penalty import AlternatingLengthPenalty
 
     yield Registration("length-penalty", AlternatingLengthPenalty,
-                       "alternating length penalty over tokens, turns and tool time")
+                       "alternating length penalty over tokens, turns and tool time", config=AlternatingLengthPenalty.Config)
 
 
 def _series(name: str, metric: str, direction: str):

@@ -27,7 +27,7 @@ import msgspec
 
 from relayrl.algo.monitors import DEFAULT_PHRASES, AlarmConfig, MonitorSet
 from relayrl.algo.optim import OptimizerConfig
-from relayrl.core.config import ConfigError, Section, convert
+from relayrl.core.config import ConfigError, Section, resolve_plugin
 from relayrl.core.errors import PluginError
 from relayrl.core.plugins import Registration, lookup, registrations
 
@@ -132,35 +132,19 @@ def build(hook_name: str, kind: str, name: str, options: dict[str, Any] | None =
     Errors are :class:`ConfigError`s naming ``path`` (``algo.loss``) or the option's dotted key
     (``algo.loss_options.clip_hihg``).
     """
-    try:
-        record = lookup(pm, hook_name, name, kind=kind)
-    except PluginError as exc:
-        raise ConfigError(f"{path}: {exc}") from None
-    config_type = getattr(record.factory, "Config", None)
-    options_path = f"{path}_options" if path else "options"
-    if config_type is None:
-        if options:
-            raise ConfigError(f"{options_path}: {kind} {name!r} takes no options")
-        return record.factory()
-    config = convert(dict(options or {}), config_type, path=options_path)
-    if isinstance(config, Section):
-        config.check(pm, options_path)
-    return record.factory(config)
+    record, config = resolve_plugin(pm, hook_name, name, options, kind=kind, path=path,
+                                    options_path=f"{path}_options" if path else "options")
+    return record.factory(config) if record.config is not None else record.factory()
 
 
 def build_reward_shapers(section: AlgoSection, *, pm: Any = None, path: str = "algo") -> list[Any]:
     """The configured reward shapers, in file order."""
     shapers = []
     for name, options in section.reward_shapers.items():
-        try:
-            record = lookup(pm, "relayrl_algo_reward_shapers", name, kind="reward shaper")
-        except PluginError as exc:
-            raise ConfigError(f"{path}.reward_shapers.{name}: {exc}") from None
-        config_type = getattr(record.factory, "Config", None)
-        config = convert(dict(options), config_type, path=f"{path}.reward_shapers.{name}") if config_type else None
-        if isinstance(config, Section):
-            config.check(pm, f"{path}.reward_shapers.{name}")
-        shapers.append(record.factory(config) if config_type else record.factory())
+        where = f"{path}.reward_shapers.{name}"
+        record, config = resolve_plugin(pm, "relayrl_algo_reward_shapers", name, options, kind="reward shaper",
+                                        path=where, options_path=where)
+        shapers.append(record.factory(config) if record.config is not None else record.factory())
     return shapers
 
 

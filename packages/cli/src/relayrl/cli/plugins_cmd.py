@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from relayrl.core.plugins import create_plugin_manager, registrations
 
@@ -44,12 +45,16 @@ def run(args: argparse.Namespace) -> int:
         for hook_name, entries in registries.items():
             print(f"{hook_name}:")
             for entry in entries:
-                print(f"  {entry['name']:<20} {entry['plugin']:<20} {entry['description']}")
+                declared = ", ".join(([f"options: {entry['config']}"] if entry["config"] else []) + entry["capabilities"])
+                print(f"  {entry['name']:<20} {entry['plugin']:<20} {entry['description']}"
+                      + (f" [{declared}]" if declared else ""))
     return 0
 
 
-def _registries(pm) -> dict[str, list[dict[str, str]]]:
-    tables: dict[str, list[dict[str, str]]] = {}
+def _registries(pm) -> dict[str, list[dict[str, Any]]]:
+    """Every registration hook's records: name, plugin, description, the options struct and the
+    capabilities it declares."""
+    tables: dict[str, list[dict[str, Any]]] = {}
     for hook_name in sorted(vars(pm.hook)):
         caller = getattr(pm.hook, hook_name)
         spec = getattr(caller, "spec", None)
@@ -57,7 +62,9 @@ def _registries(pm) -> dict[str, list[dict[str, str]]]:
         if spec is None or spec.argnames or spec.opts.get("historic") or spec.opts.get("firstresult"):
             continue
         tables[hook_name] = [
-            {"name": record.name, "plugin": record.plugin, "description": record.description}
+            {"name": record.name, "plugin": record.plugin, "description": record.description,
+             "config": f"{record.config.__module__}.{record.config.__qualname__}" if record.config else None,
+             "capabilities": sorted(record.capabilities)}
             for record in registrations(pm, hook_name).values()
         ]
     return tables

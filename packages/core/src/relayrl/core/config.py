@@ -32,7 +32,8 @@ from typing import Any, TypeVar
 import msgspec
 import msgspec.inspect as mi
 
-from relayrl.core.errors import ConfigError
+from relayrl.core.errors import ConfigError, PluginError
+from relayrl.core.plugins import lookup, registrations
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -177,10 +178,34 @@ def convert(data: Any, type_: type[S], *, path: str = "") -> S:
         raise ConfigError(message) from None
 
 
+def resolve_plugin(pm: Any, hook_name: str, name: str, options: Mapping[str, Any] | None, *, kind: str,
+                   path: str, options_path: str | None = None) -> tuple[Any, Any]:
+    """Look plugin ``name`` up in a registry and decode its options: ``(registration, config)``.
+
+    ``config`` is ``options`` decoded into the registration's declared ``config`` struct and checked
+    by its own rules (None when the registration declares none; options are then refused). Every
+    error is one :class:`ConfigError` naming the key: ``path`` (the key naming the plugin, e.g.
+    ``algo.loss``) for an unknown name, ``options_path`` (default ``<path>_options``) and the dotted
+    option below it for bad options (``algo.loss_options.clip_hihg: unknown key``). The caller builds
+    the thing with the registration's factory, in the shape its kind's hookspec documents.
+    """
+    options_path = options_path or f"{path}_options"
+    try:
+        record = lookup(pm, hook_name, name, kind=kind)
+    except PluginError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    if record.config is None:
+        if options:
+            raise ConfigError(f"{options_path}: {kind} {name!r} takes no options (its registration declares no config)")
+        return record, None
+    config = convert(dict(options or {}), record.config, path=options_path)
+    if isinstance(config, Section):  # its own rules (ranges, names), as core checks a run's sections
+        config.check(pm, options_path)
+    return record, config
+
+
 def config_sections(pm: Any = None) -> dict[str, Any]:
     """The ``relayrl_core_config_sections`` registry: section name -> Registration of its struct type."""
-    from relayrl.core.plugins import registrations
-
     return registrations(pm, "relayrl_core_config_sections")
 
 

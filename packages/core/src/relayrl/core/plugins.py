@@ -70,18 +70,37 @@ class Registration(Generic[F]):
     Registration hooks yield these. ``factory`` builds the thing (its signature is documented by
     the hookspec of each kind); ``plugin`` is filled in by :func:`registrations` with the name of
     the plugin that yielded the record.
+
+    What the thing can do beyond its kind's contract is *declared* here, never probed:
+
+    ``config``
+        The struct (a :class:`relayrl.core.config.Section`) the user's options table for this name
+        decodes into, with its own checks; :func:`relayrl.core.config.resolve_plugin` decodes it and
+        the factory receives the result. None: the thing takes no options.
+    ``capabilities``
+        Names of optional abilities its kind defines (each hookspec lists them; for example a trainer
+        backend's ``data-parallel`` and ``elastic``, a router's ``discovery``). A capability may
+        promise more of the factory or product (the hookspec says what).
     """
 
     name: str
     factory: F
     description: str = ""
     plugin: str = ""
+    config: type | None = None
+    capabilities: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):
             raise ValueError(f"registration name must be a non-empty string without spaces, got {self.name!r}")
         if not callable(self.factory):
             raise ValueError(f"registration {self.name!r}: factory must be callable, got {self.factory!r}")
+        if self.config is not None and not isinstance(self.config, type):
+            raise ValueError(f"registration {self.name!r}: config must be a struct type, got {self.config!r}")
+        if isinstance(self.capabilities, str) or not all(isinstance(c, str) and c for c in self.capabilities):
+            raise ValueError(f"registration {self.name!r}: capabilities must be a collection of names, "
+                             f"got {self.capabilities!r}")
+        object.__setattr__(self, "capabilities", frozenset(self.capabilities))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,8 +42,8 @@ def relayrl_rollout_routers():
 def relayrl_rollout_harnesses():
     from relayrl.rollout.agent import CodingAgent, SingleTurn
 
-    yield Registration("coding-agent", CodingAgent, "multi-turn tool use, parallel calls, self-compaction")
-    yield Registration("single-turn", SingleTurn, "one answer, no tools")
+    yield Registration("coding-agent", CodingAgent, "multi-turn tool use, parallel calls, self-compaction", config=CodingAgent.Config)
+    yield Registration("single-turn", SingleTurn, "one answer, no tools", config=SingleTurn.Config)
 
 
 @hookimpl
@@ -52,10 +52,10 @@ def relayrl_rollout_environments():
     from relayrl.rollout.environments import CodeEnvironment
     from relayrl.rollout.search import CodeSearchEnvironment
 
-    yield Registration("countdown", CountdownEnvironment, "countdown-lite arithmetic, answers graded in the sandbox")
-    yield Registration("code", CodeEnvironment, "the shipped bug-fix tasks: agent tools and hidden tests in sandboxes")
+    yield Registration("countdown", CountdownEnvironment, "countdown-lite arithmetic, answers graded in the sandbox", config=CountdownEnvironment.Config)
+    yield Registration("code", CodeEnvironment, "the shipped bug-fix tasks: agent tools and hidden tests in sandboxes", config=CodeEnvironment.Config)
     yield Registration("code-search", CodeSearchEnvironment,
-                       "generated repositories: find files with search tools in sandboxes, F1 graded in a sandbox")
+                       "generated repositories: find files with search tools in sandboxes, F1 graded in a sandbox", config=CodeSearchEnvironment.Config)
 
 
 @hookimpl

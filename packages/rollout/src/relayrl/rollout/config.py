@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from relayrl.core.config import ConfigError, Section
+from relayrl.core.config import ConfigError, Section, resolve_plugin
+from relayrl.core.errors import PluginError
+from relayrl.core.plugins import lookup
 
 __all__ = ["EvalSection", "ModelSection", "RolloutSection", "build_environment", "build_harness", "build_router"]
 
@@ -77,9 +79,6 @@ class RolloutSection(Section, kw_only=True):
     start_timeout_s: float = 300.0
 
     def check(self, pm: Any, path: str) -> None:
-        from relayrl.core.errors import PluginError
-        from relayrl.core.plugins import lookup
-
         for key, hook, kind in (("environment", "relayrl_rollout_environments", "environment"),
                                 ("harness", "relayrl_rollout_harnesses", "harness"),
                                 ("engine", "relayrl_rollout_engines", "engine"),
@@ -93,9 +92,10 @@ class RolloutSection(Section, kw_only=True):
                 raise ConfigError(f"{path}.{key}: must be at least 1")
         if self.group_size < 2:
             raise ConfigError(f"{path}.group_size: group advantages need at least 2 samples per prompt")
-        _options(pm, "relayrl_rollout_environments", self.environment, self.environment_options,
-                 f"{path}.environment_options")
-        _options(pm, "relayrl_rollout_harnesses", self.harness, self.harness_options, f"{path}.harness_options")
+        resolve_plugin(pm, "relayrl_rollout_environments", self.environment, self.environment_options,
+                       kind="environment", path=f"{path}.environment")
+        resolve_plugin(pm, "relayrl_rollout_harnesses", self.harness, self.harness_options, kind="harness",
+                       path=f"{path}.harness")
 
 
 class EvalSection(Section, kw_only=True):
@@ -139,58 +139,34 @@ class EvalSection(Section, kw_only=True):
             raise ConfigError(f"{path}.k: pass@k needs 1 <= k <= samples ({self.samples}), got {self.k}")
 
 
-def _options(pm: Any, hook: str, name: str, options: dict[str, Any], path: str) -> Any:
-    """``options`` decoded into the ``Config`` section of plugin ``name`` (errors name the key)."""
-    from relayrl.core.config import convert
-    from relayrl.core.plugins import lookup
-
-    factory = lookup(pm, hook, name, kind="plugin").factory
-    config_type = getattr(factory, "Config", None)
-    if config_type is None:
-        if options:
-            raise ConfigError(f"{path}: {name!r} takes no options")
-        return None
-    config = convert(dict(options), config_type, path=path)
-    if isinstance(config, Section):  # its own rules (ranges, names), as core checks a run's sections
-        config.check(pm, path)
-    return config
-
-
 def build_environment(rollout: RolloutSection, *, sandbox: Any = None, pm: Any = None) -> Any:
     """The environment ``[rollout] environment`` names, configured by ``environment_options``."""
-    from relayrl.core.plugins import lookup
-
-    factory = lookup(pm, "relayrl_rollout_environments", rollout.environment, kind="environment").factory
-    config = _options(pm, "relayrl_rollout_environments", rollout.environment, rollout.environment_options,
-                      "rollout.environment_options")
-    return factory(config, sandbox=sandbox, pm=pm)
+    record, config = resolve_plugin(pm, "relayrl_rollout_environments", rollout.environment, rollout.environment_options,
+                                    kind="environment", path="rollout.environment")
+    return record.factory(config, sandbox=sandbox, pm=pm)
 
 
 def build_router(rollout: RolloutSection, engines: list[Any], *, deployment: str | None = None,
                  registered: bool = False, pm: Any = None) -> Any:
     """The router ``[rollout] router`` names over ``engines``, configured by ``router_options``.
 
-    A router whose factory has ``serve_engine`` (Dynamo) can find engines by itself. With
+    A router with the ``discovery`` capability (Dynamo) can find engines by itself. With
     ``registered`` the engines are processes that registered with it already (engine servers
     started with ``--router``): it is built with ``serve=False`` and one expected instance per
     engine; otherwise it serves the given engines itself. ``deployment`` (the run directory) scopes
     its namespace and discovery.
     """
-    from relayrl.core.plugins import lookup
-
-    factory = lookup(pm, "relayrl_rollout_routers", rollout.router, kind="router").factory
+    record = lookup(pm, "relayrl_rollout_routers", rollout.router, kind="router")
     options = dict(rollout.router_options)
-    if hasattr(factory, "serve_engine"):
+    if "discovery" in record.capabilities:
         if registered:
             options.update(serve=False, expect_instances=len(engines))
-        return factory(engines, deployment=deployment, **options)
-    return factory(engines, **options)
+        return record.factory(engines, deployment=deployment, **options)
+    return record.factory(engines, **options)
 
 
 def build_harness(rollout: RolloutSection, *, pm: Any = None) -> Any:
     """The agent harness ``[rollout] harness`` names, configured by ``harness_options``."""
-    from relayrl.core.plugins import lookup
-
-    factory = lookup(pm, "relayrl_rollout_harnesses", rollout.harness, kind="harness").factory
-    config = _options(pm, "relayrl_rollout_harnesses", rollout.harness, rollout.harness_options, "rollout.harness_options")
-    return factory(config) if config is not None else factory()
+    record, config = resolve_plugin(pm, "relayrl_rollout_harnesses", rollout.harness, rollout.harness_options,
+                                    kind="harness", path="rollout.harness")
+    return record.factory(config) if config is not None else record.factory()

@@ -13,8 +13,10 @@ def relayrl_rollout_engines() -> Iterable[Registration[Any]]:
     """Inference engine backends, one :class:`Registration` per name.
 
     ``factory(model: str, **options)`` returns an engine serving the model directory ``model``:
-    an :class:`relayrl.rollout.protocol.InferenceEngine` that, to take weight updates in place, is
-    also a :class:`relayrl.rollout.protocol.WeightSyncTarget`. Options every engine takes:
+    an :class:`relayrl.rollout.protocol.InferenceEngine` that, to take weight updates in place, returns
+    relayrl-weight-sync's :class:`~relayrl.weight_sync.EngineAdapter` from ``weight_adapter()``
+    (directly over its tensors, or a :class:`~relayrl.weight_sync.ShadowAdapter` when it is a
+    :class:`~relayrl.weight_sync.WeightLoader`). Options every engine takes:
     ``engine_id``, ``version``, ``max_batch``, ``seed`` and ``dtype`` (``"float32"``, ``"bfloat16"``:
     the run's ``model.dtype``, which the trainer publishes in; weight sync is bit-exact, so the
     engine must serve exactly that dtype; absent: the engine's default). It must pass
@@ -30,6 +32,12 @@ def relayrl_rollout_routers() -> Iterable[Registration[Any]]:
     routes each request to one of ``engines``, retries failures before the first token elsewhere,
     and raises ``EngineDied`` for failures after it (the token-recording proxy resumes those). It
     must pass ``relayrl.rollout.testing.RouterTests``. Built in: ``round-robin``, ``least-loaded``.
+
+    Capability ``discovery`` (declared in the registration's ``capabilities``): engines register with
+    the router themselves. The factory then also has ``async serve_engine(engine, *, deployment,
+    **options)``, which each engine process awaits to become reachable through the router, and
+    takes ``deployment`` (the run directory, which scopes its namespace), ``serve=False`` and
+    ``expect_instances`` when it is built over engines that registered already (plugin: ``dynamo``).
     """
 
 

@@ -40,5 +40,7 @@ def relayrl_sandbox_exploit_detectors():
 def relayrl_sandbox_task_sources():
     from relayrl.sandbox.tasks import DirectorySource, JsonlSource
 
-    yield Registration("jsonl", JsonlSource, "one TaskSpec JSON object per line; paths relative to the file")
-    yield Registration("directory", DirectorySource, "one folder per task holding task.json; paths relative to it")
+    yield Registration("jsonl", JsonlSource, "one TaskSpec JSON object per line; paths relative to the file",
+                       capabilities={"detects"})
+    yield Registration("directory", DirectorySource, "one folder per task holding task.json; paths relative to it",
+                       capabilities={"detects"})

@@ -45,7 +45,8 @@ def relayrl_sandbox_task_sources() -> Iterable[Registration[Any]]:
     """Task sources, selected by ``[sandbox] task_source`` or guessed from a location.
 
     ``factory(location: str)`` returns an iterable of :class:`relayrl.core.wire.TaskSpec` whose
-    relative paths are resolved against the location. A factory may carry ``accepts(location) ->
-    bool`` so that :func:`relayrl.sandbox.tasks.load_tasks` can pick it without a name. Built in:
+    relative paths are resolved against the location. Capability ``detects`` (declared in the
+    registration's ``capabilities``): the factory also has ``accepts(location) -> bool``, so that
+    :func:`relayrl.sandbox.tasks.load_tasks` can pick it for a location without a name. Built in:
     ``jsonl`` (one TaskSpec per line) and ``directory`` (one folder with ``task.json`` per task).
     """

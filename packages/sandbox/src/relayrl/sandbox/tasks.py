@@ -107,7 +107,7 @@ def load_tasks(location: str | Path, *, source: str | None = None, pm: Any = Non
         factory = table[source].factory
     else:
         candidates = [record.factory for record in table.values()
-                      if getattr(record.factory, "accepts", None) and record.factory.accepts(location)]
+                      if "detects" in record.capabilities and record.factory.accepts(location)]
         if not candidates:
             raise SandboxError(f"{location}: no task source accepts it (available: {', '.join(sorted(table))})")
         factory = candidates[0]

@@ -25,10 +25,9 @@ def _torch_trainer(model, *, run_config=None, **kwargs):  # the torch backend ha
     return TorchTrainer(model, **kwargs)
 
 
-_torch_trainer.data_parallel = True  # every rank holds the whole model; gradients are all-reduced
-_torch_trainer.elastic = True  # the batch's gradient does not depend on the number of ranks
-
-
 @hookimpl
 def relayrl_trainer_backends():
-    yield Registration("torch", _torch_trainer, "plain torch: replay, correction, loss, Muon + AdamW; data-parallel and elastic over ranks")
+    # Every rank holds the whole model (gradients are all-reduced) and the batch's gradient does not
+    # depend on the number of ranks: data-parallel, and elastic.
+    yield Registration("torch", _torch_trainer, "plain torch: replay, correction, loss, Muon + AdamW; data-parallel and elastic over ranks",
+                       capabilities={"data-parallel", "elastic"})

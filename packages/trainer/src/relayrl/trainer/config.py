@@ -67,12 +67,12 @@ class TrainerSection(Section, kw_only=True):
     ranks: int = 1
     """Data-parallel trainer processes that ``relayrl run`` starts on this machine (rank 0 leads: it
     reads the buffer, publishes, writes metrics). Above 1 the backend must train as one of several
-    ranks (``torch``, ``deepspeed``; its factory says so with ``data_parallel = True``)."""
+    ranks (``torch``, ``deepspeed``; its registration declares the ``data-parallel`` capability)."""
     elastic: bool = False
     """With ``ranks`` > 1: a rank that dies shrinks the group (the others redo the step on the same
     batch), the launcher restarts it and it rejoins at a step boundary with rank 0's state, instead
     of every rank restarting from the checkpoint. Needs a backend whose ranks each hold the whole
-    model (``torch``; its factory says so with ``elastic = True``). Rank 0 leads and alone
+    model (``torch``; its registration declares the ``elastic`` capability). Rank 0 leads and alone
     checkpoints; its death still restarts every rank."""
     warmup: WarmupSection = WarmupSection()
 
@@ -95,11 +95,11 @@ class TrainerSection(Section, kw_only=True):
             record = lookup(pm, "relayrl_trainer_backends", self.backend, kind="trainer backend")
         except PluginError as exc:
             raise ConfigError(f"{path}.backend: {exc}") from None
-        if self.ranks > 1 and not getattr(record.factory, "data_parallel", False):
+        if self.ranks > 1 and "data-parallel" not in record.capabilities:
             raise ConfigError(f"{path}.ranks: backend {self.backend!r} trains in one process; ranks > 1 needs a "
                               f"data-parallel backend (torch, deepspeed)")
         if self.elastic and self.ranks < 2:
             raise ConfigError(f"{path}.elastic: needs ranks > 1 (there is no group to shrink and regrow)")
-        if self.elastic and not getattr(record.factory, "elastic", False):
+        if self.elastic and "elastic" not in record.capabilities:
             raise ConfigError(f"{path}.elastic: backend {self.backend!r} cannot change its number of ranks while it "
                               f"trains (its ranks hold shards of one model); use backend = \"torch\" or elastic = false")

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -88,6 +88,11 @@ class TorchTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
         return metrics
+
+    def named_full_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The whole model's state dict, one tensor at a time: what weight sync publishes (every rank
+        holds the whole model, so this is its own state dict)."""
+        yield from self.model.state_dict().items()
 
     def state_dict(self) -> dict[str, object]:
         """Model, optimiser and version: what a checkpoint needs from the trainer."""

@@ -234,14 +234,11 @@ class TrainerProcess:
     def _weights(self) -> dict[str, torch.Tensor] | None:
         """The whole model to publish, on the leader (None elsewhere); every rank must call it.
 
-        A sharded backend gathers tensor by tensor (``named_full_state``, collective under ZeRO-3);
-        otherwise the model's own state dict holds every tensor.
+        Every backend yields it tensor by tensor (``named_full_state``: a sharded backend gathers
+        each, collectively under ZeRO-3).
         """
-        full_state = getattr(self.trainer, "named_full_state", None)
-        if full_state is None:
-            return self.trainer.model.state_dict() if self.ranks.leader else None
         tensors = {}
-        for name, tensor in full_state():
+        for name, tensor in self.trainer.named_full_state():
             if self.ranks.leader:
                 tensors[name] = tensor
         return tensors if self.ranks.leader else None

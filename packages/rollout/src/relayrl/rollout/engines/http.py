@@ -195,15 +195,15 @@ def _build_engine(args: argparse.Namespace) -> tuple[InferenceEngine, Any]:
 
 
 async def _register_with_router(args: argparse.Namespace, engine: InferenceEngine) -> Any:
-    """For routers whose engines register themselves (their factory has ``serve_engine``, e.g. Dynamo)."""
+    """For routers whose engines register themselves (the ``discovery`` capability, e.g. Dynamo)."""
     if not args.router:
         return None
     from relayrl.core.plugins import get_plugin_manager, lookup
 
-    factory = lookup(get_plugin_manager(), "relayrl_rollout_routers", args.router, kind="router").factory
-    if not hasattr(factory, "serve_engine"):
+    record = lookup(get_plugin_manager(), "relayrl_rollout_routers", args.router, kind="router")
+    if "discovery" not in record.capabilities:
         return None
-    return await factory.serve_engine(engine, deployment=args.deployment, **json.loads(args.router_options))
+    return await record.factory.serve_engine(engine, deployment=args.deployment, **json.loads(args.router_options))
 
 
 async def _serve(args: argparse.Namespace) -> None:
