@@ -176,7 +176,9 @@ def test_held_out_prompts_never_reach_training_even_under_another_task_id():
     # Countdown's space of prompts is small: the two seeds do repeat prompts, and those left training.
     assert 0 < 3000 - len(training) < 3000 // 2
 
-    class NoHeldOut:
+    from relayrl.rollout.hookspecs import Environment
+
+    class NoHeldOut(Environment):  # the contract's default: no held-out tasks
         def tasks(self):
             return make_tasks(5, seed=0)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from relayrl.algo.losses import Aggregation, LossInputs, LossOutput, aggregate
+from relayrl.algo.losses import Aggregation, ConfiguredLoss, LossInputs, LossOutput, aggregate
 from relayrl.core.config import ConfigError, Section
 
 
-class DualClipPPO:
+class DualClipPPO(ConfiguredLoss):
     """``-w * max(min(r A, clip(r) A), c A)`` for ``A < 0``; plain PPO-clip otherwise."""
 
     class Config(Section, kw_only=True):

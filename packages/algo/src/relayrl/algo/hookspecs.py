@@ -18,8 +18,9 @@ from relayrl.core.plugins import Registration, hookspec
 def relayrl_algo_losses() -> Iterable[Registration[Any]]:
     """Policy losses, selected by ``[algo] loss = NAME`` with options in ``[algo.loss_options]``.
 
-    ``factory(config)`` returns a callable ``loss(inputs: LossInputs) -> LossOutput`` over replayed
-    logprobs; it must pass ``relayrl.algo.testing.LossTests``. Built in: ``ppo-clip``, ``gspo``,
+    ``factory(config)`` returns a :class:`relayrl.algo.losses.Loss`: a callable ``loss(inputs:
+    LossInputs) -> LossOutput`` over replayed logprobs that declares its ``aggregation`` (and
+    ``normalizer``); it must pass ``relayrl.algo.testing.LossTests``. Built in: ``ppo-clip``, ``gspo``,
     ``cispo``. Example::
 
         @hookimpl

@@ -33,13 +33,13 @@ global count (tokens or sequences, as the mode needs) so every micro-batch divid
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 from relayrl.core.config import Section
 
-__all__ = ["AGGREGATIONS", "CISPO", "GSPO", "LossInputs", "LossOutput", "PPOClip", "aggregate"]
+__all__ = ["AGGREGATIONS", "CISPO", "GSPO", "ConfiguredLoss", "Loss", "LossInputs", "LossOutput", "PPOClip", "aggregate"]
 
 Aggregation = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "constant"]
 AGGREGATIONS: tuple[str, ...] = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "constant")
@@ -115,7 +115,43 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
     return float((values * mask).sum() / count) if count > 0 else 0.0
 
 
-class _ClippedSurrogate:
+class Loss:
+    """The policy-loss contract (what ``relayrl_algo_losses`` factories return).
+
+    ``loss(inputs) -> LossOutput``, and how it aggregates per-token terms: the trainer computes the
+    aggregation's denominator over the whole batch (every micro-batch, every rank) and passes it in
+    ``inputs.denominator``, so it must know the mode. Subclass it (or :class:`ConfiguredLoss`).
+    """
+
+    def __call__(self, inputs: LossInputs) -> LossOutput:
+        raise NotImplementedError
+
+    @property
+    def aggregation(self) -> Aggregation:
+        """One of :data:`AGGREGATIONS`."""
+        return "token-mean"
+
+    @property
+    def normalizer(self) -> float | None:
+        """The constant of ``aggregation = "constant"``."""
+        return None
+
+
+class ConfiguredLoss(Loss):
+    """A loss whose ``config`` holds ``aggregation`` and ``normalizer`` (every built-in loss)."""
+
+    config: Any
+
+    @property
+    def aggregation(self) -> Aggregation:
+        return self.config.aggregation
+
+    @property
+    def normalizer(self) -> float | None:
+        return self.config.normalizer
+
+
+class _ClippedSurrogate(ConfiguredLoss):
     """Shared form of PPO-clip and GSPO: ``-w * min(s * A, clip(s) * A)``."""
 
     config: PPOClip.Config
@@ -181,7 +217,7 @@ class GSPO(_ClippedSurrogate):
         return self._surrogate(token_log_ratio.exp(), inputs)
 
 
-class CISPO:
+class CISPO(ConfiguredLoss):
     """Clipped IS-weight policy optimisation: ``-sg(clip(ratio)) * A * logprob``, no token loses its gradient."""
 
     class Config(Section, kw_only=True):

@@ -51,12 +51,19 @@ DEFAULT_COMPACTION_PROMPT = (
 
 
 class ToolExecutor(Protocol):
-    """Runs tool calls (in a sandbox); returns one result per call, in call order."""
+    """Runs tool calls (in a sandbox); returns one result per call, in call order.
+
+    relayrl-sandbox's :class:`~relayrl.sandbox.ToolBox` is one.
+    """
 
     @property
     def tool_names(self) -> Sequence[str]: ...
 
     async def execute(self, calls: Sequence[ToolCall]) -> list[ToolResult]: ...
+
+    def final_answer(self) -> str:
+        """The episode's answer as the grader receives it, taken before the tools are closed (e.g. the
+        diff of the sandbox's workspace); "" when the answer is the trajectory's own text."""
 
 
 class AgentConfig(Section, kw_only=True):
@@ -114,6 +121,25 @@ class _State:
             self.context += list(turn.generated.token_ids())
 
 
+async def generate_turn(state: _State, proxy: TokenRecordingProxy, chat: ChatFormat, sampling: SamplingParams,
+                        max_tokens: int, request_id: str) -> Turn:
+    """One assistant turn after ``state.context``, generated through the proxy; ``state`` counts it."""
+    prefix = chat.assistant_prefix()
+    params = msgspec.structs.replace(sampling, max_tokens=max_tokens,
+                                     stop_token_ids=sorted({*sampling.stop_token_ids, *chat.stop_token_ids()}))
+    started = time.monotonic()
+    result = await proxy.generate(GenerateRequest(request_id=request_id, prompt=state.context + prefix,
+                                                  params=params))
+    state.generation_s += time.monotonic() - started
+    state.generated_tokens += len(result.span)
+    state.assistant_turns += 1
+    state.engine_ids += [engine for engine in result.engine_ids if engine not in state.engine_ids]
+    tokens = list(result.span.token_ids())
+    if tokens and tokens[-1] in params.stop_token_ids:
+        tokens = tokens[:-1]  # the end-of-turn token is part of the span, not of the text
+    return Turn(role="assistant", tokens=_pack(prefix), generated=result.span, text=chat.decode(tokens))
+
+
 class CodingAgent:
     """The tool-using coding agent (harness ``coding-agent``); see the module docstring."""
 
@@ -122,6 +148,11 @@ class CodingAgent:
     def __init__(self, config: AgentConfig | None = None) -> None:
         self.config = config or AgentConfig()
 
+    def compaction_markers(self) -> tuple[str, str]:
+        """``(compaction_prompt, summary_header)``: how a scripted expert sees it is asked to compact,
+        and where a new segment's summary starts."""
+        return self.config.compaction_prompt, self.config.summary_header
+
     def _start_segment(self, chat: ChatFormat, task: TaskSpec, summary: str = "") -> tuple[list[Turn], list[int]]:
         instruction = task.instruction if not summary else f"{task.instruction}\n\n{self.config.summary_header}\n{summary}"
         turns = [Turn(role="system", tokens=_pack(chat.render("system", self.config.system_prompt)),
@@ -129,23 +160,6 @@ class CodingAgent:
                  Turn(role="user", tokens=_pack(chat.render("user", instruction)), text=instruction)]
         context = [token for turn in turns for token in turn.context_token_ids()]
         return turns, context
-
-    async def _generate(self, state: _State, proxy: TokenRecordingProxy, chat: ChatFormat, sampling: SamplingParams,
-                        max_tokens: int, request_id: str) -> Turn:
-        prefix = chat.assistant_prefix()
-        params = msgspec.structs.replace(sampling, max_tokens=max_tokens,
-                                         stop_token_ids=sorted({*sampling.stop_token_ids, *chat.stop_token_ids()}))
-        started = time.monotonic()
-        result = await proxy.generate(GenerateRequest(request_id=request_id, prompt=state.context + prefix,
-                                                      params=params))
-        state.generation_s += time.monotonic() - started
-        state.generated_tokens += len(result.span)
-        state.assistant_turns += 1
-        state.engine_ids += [engine for engine in result.engine_ids if engine not in state.engine_ids]
-        tokens = list(result.span.token_ids())
-        if tokens and tokens[-1] in params.stop_token_ids:
-            tokens = tokens[:-1]  # the end-of-turn token is part of the span, not of the text
-        return Turn(role="assistant", tokens=_pack(prefix), generated=result.span, text=chat.decode(tokens))
 
     def _fits(self, state: _State, chat: ChatFormat, max_tokens: int) -> bool:
         compaction_cost = (len(chat.render("user", self.config.compaction_prompt)) + len(chat.assistant_prefix())
@@ -175,7 +189,7 @@ class CodingAgent:
                 prompt = Turn(role="user", tokens=_pack(chat.render("user", config.compaction_prompt)),
                               text=config.compaction_prompt)
                 state.add(prompt)
-                summary_turn = await self._generate(state, proxy, chat, sampling,
+                summary_turn = await generate_turn(state, proxy, chat, sampling,
                                                     min(config.summary_max_tokens, remaining),
                                                     f"{trajectory_id}/summary-{compactions}")
                 state.add(summary_turn)
@@ -184,7 +198,7 @@ class CodingAgent:
                 compactions += 1
                 state.turns, state.context = self._start_segment(chat, task, summary)
                 continue
-            turn = await self._generate(state, proxy, chat, sampling, max_tokens,
+            turn = await generate_turn(state, proxy, chat, sampling, max_tokens,
                                         f"{trajectory_id}/turn-{state.assistant_turns}")
             parsed = parse_tool_calls(turn.text, id_prefix=f"t{state.assistant_turns}")
             calls = [call for call in parsed if isinstance(call, ToolCall)]
@@ -243,6 +257,9 @@ class SingleTurn:
     def __init__(self, config: SingleTurn.Config | None = None) -> None:
         self.config = config or self.Config()
 
+    def compaction_markers(self) -> tuple[str, str]:
+        return "", ""  # it never compacts
+
     async def run(self, task: TaskSpec, *, proxy: TokenRecordingProxy, tools: ToolExecutor | None, chat: ChatFormat,
                   sampling: SamplingParams, group_id: str, sample_index: int) -> Trajectory:
         turns: list[Turn] = []
@@ -253,7 +270,7 @@ class SingleTurn:
         state = _State(segments=[], turns=turns, context=[t for turn in turns for t in turn.context_token_ids()])
         started_at = time.time()
         trajectory_id = f"{group_id}/{sample_index}-{uuid.uuid4().hex[:8]}"
-        turn = await CodingAgent()._generate(state, proxy, chat, sampling, self.config.max_tokens, trajectory_id)
+        turn = await generate_turn(state, proxy, chat, sampling, self.config.max_tokens, trajectory_id)
         state.add(turn)
         return Trajectory(trajectory_id=trajectory_id, task_id=task.task_id, group_id=group_id,
                           sample_index=sample_index, segments=[TrajectorySegment(turns=state.turns)],

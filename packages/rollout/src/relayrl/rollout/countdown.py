@@ -24,6 +24,7 @@ from typing import Any
 
 from relayrl.core.config import Section
 from relayrl.core.wire import TaskSpec, Trajectory
+from relayrl.rollout.hookspecs import Environment
 
 __all__ = ["ALPHABET", "CountdownConfig", "CountdownEnvironment", "evaluate", "final_text", "make_tasks", "score"]
 
@@ -113,7 +114,7 @@ class CountdownConfig(Section, kw_only=True):
     """Answers arriving within this window are graded by one sandbox command."""
 
 
-class CountdownEnvironment:
+class CountdownEnvironment(Environment):
     """Tasks, demonstrations, and sandboxed grading of countdown-lite (environment ``countdown``)."""
 
     Config = CountdownConfig

@@ -17,7 +17,7 @@ from typing import Any
 from relayrl.core.wire import TaskSpec, Trajectory
 from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams, StreamEvent
 
-__all__ = ["Reply", "ScriptedEngine", "asked_to_compact", "compaction_markers", "play_scripted"]
+__all__ = ["Reply", "ScriptedEngine", "asked_to_compact", "play_scripted"]
 
 Reply = Callable[[str, str], str]
 """``reply(key, context)``: the next assistant message, given the current segment's text.
@@ -47,13 +47,6 @@ class ScriptedEngine(InferenceEngine):
             finish = ("stop" if token in request.params.stop_token_ids else "length") if last else None
             yield StreamEvent(tokens=[token], logprobs=[0.0], versions=[self.version], kept=[[token, 0]],
                               engine_id=self.engine_id, finish_reason=finish)
-
-
-def compaction_markers(harness: Any) -> tuple[str, str]:
-    """The harness's ``(compaction_prompt, summary_header)``: how a script sees it is asked to compact,
-    and where a new segment's summary starts (empty strings for a harness that never compacts)."""
-    config = getattr(harness, "config", None)
-    return getattr(config, "compaction_prompt", ""), getattr(config, "summary_header", "")
 
 
 def asked_to_compact(context: str, compaction_prompt: str) -> bool:

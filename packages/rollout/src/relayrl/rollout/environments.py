@@ -32,6 +32,7 @@ from typing import Any
 
 from relayrl.core.config import Section
 from relayrl.core.wire import TaskSpec, Trajectory
+from relayrl.rollout.hookspecs import Environment
 
 __all__ = ["ALPHABET", "SPECIALS", "CodeEnvironment", "CodeEnvironmentConfig", "SandboxEnvironment"]
 
@@ -47,7 +48,7 @@ tool-call JSON, the tool names, an escaped newline and an indent. The model stil
 character of a call's arguments."""
 
 
-class SandboxEnvironment:
+class SandboxEnvironment(Environment):
     """Per-trajectory tool sandboxes and the isolated grader of one sandbox backend."""
 
     def __init__(self, backend: Any = None, *, section: Any = None, pm: Any = None) -> None:
@@ -68,9 +69,8 @@ class SandboxEnvironment:
             # The task's whole source (gold patch, originals, hidden tests) is masked, as in the grader.
             sandbox = await asyncio.to_thread(self.backend.create, pristine, hide=task_private_paths(task))
             try:
-                toolbox = ToolBox.from_section(sandbox, self.section)
-                toolbox.final_answer = lambda: workspace_diff(pristine, sandbox.workdir)  # type: ignore[attr-defined]
-                yield toolbox
+                # The answer is the diff from the pristine workspace to the sandbox's, computed on the host.
+                yield ToolBox.from_section(sandbox, self.section, answer=lambda: workspace_diff(pristine, sandbox.workdir))
             finally:
                 await asyncio.to_thread(sandbox.close)
 
@@ -127,7 +127,7 @@ class CodeEnvironment(SandboxEnvironment):
         with a patch it can apply, through ``harness`` and the real tools; the others are skipped
         and named in one line on stderr."""
         from relayrl.rollout.bugfix import fix_reply
-        from relayrl.rollout.demonstrations import compaction_markers, play_scripted
+        from relayrl.rollout.demonstrations import play_scripted
 
         tasks = self.demonstration_tasks()
         edits, skipped = await asyncio.to_thread(self._expert_edits, tasks)
@@ -137,7 +137,7 @@ class CodeEnvironment(SandboxEnvironment):
         if not edits:
             raise ValueError("code environment: no demonstration task has a gold patch the expert can apply "
                              "(rollout.environment_options.demonstration_tasks)")
-        compaction_prompt, summary_header = compaction_markers(harness)
+        compaction_prompt, summary_header = harness.compaction_markers()
 
         def reply(task_id: str, context: str) -> str:
             return fix_reply(edits[task_id], context, compaction_prompt=compaction_prompt,

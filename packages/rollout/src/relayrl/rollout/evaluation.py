@@ -78,9 +78,8 @@ def split_tasks(environment: Any) -> tuple[list[TaskSpec], list[TaskSpec]]:
     training tasks (generated tasks can repeat a prompt: countdown's small space of numbers and
     targets holds the same prompts under both seeds). The run's prompt scheduler and its warm-up
     draw from the first list only, so whatever is evaluated as held out never was trained on.
-    An environment without ``eval_tasks()`` has no held-out tasks.
     """
-    held_out = list(environment.eval_tasks()) if hasattr(environment, "eval_tasks") else []
+    held_out = list(environment.eval_tasks())
     ids = {task.task_id for task in held_out}
     prompts = {task.instruction for task in held_out}
     training = [task for task in environment.tasks() if task.task_id not in ids and task.instruction not in prompts]
@@ -172,8 +171,7 @@ async def evaluate(tasks: Sequence[TaskSpec], *, samples: int, harness: Harness,
                 async with tools(task) as toolbox:
                     trajectory = await harness.run(task, proxy=proxy, tools=toolbox, chat=chat, sampling=params,
                                                    group_id=group_id, sample_index=sample)
-                    final_answer = getattr(toolbox, "final_answer", None)
-                    answer = await asyncio.to_thread(final_answer) if final_answer is not None else ""
+                    answer = await asyncio.to_thread(toolbox.final_answer) if toolbox is not None else ""
                 return trajectory, answer
 
             played = await asyncio.gather(*(one_sample(sample) for sample in range(samples)))

@@ -1,11 +1,68 @@
-"""Hook specifications owned by relayrl-rollout (documented in ``docs/plugins.md``)."""
+"""Hook specifications owned by relayrl-rollout (documented in ``docs/plugins.md``), and the
+:class:`Environment` contract next to the hook that registers environments."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relayrl.core.plugins import Registration, hookspec
+
+if TYPE_CHECKING:
+    from relayrl.core.wire import TaskSpec, Trajectory
+    from relayrl.rollout.agent import ToolExecutor
+
+
+class Environment(Protocol):
+    """What ``relayrl_rollout_environments`` factories return: tasks, an agent's tools, and grading.
+
+    Subclass it: the optional members below have working defaults (no held-out tasks, no
+    demonstrations, no character alphabet, nothing to close), so every consumer calls them without
+    probing. Built in: :class:`~relayrl.rollout.countdown.CountdownEnvironment`,
+    :class:`~relayrl.rollout.environments.CodeEnvironment`,
+    :class:`~relayrl.rollout.search.CodeSearchEnvironment`.
+    """
+
+    alphabet: str | None = None
+    """The characters a fresh model's character tokenizer covers; None: the environment has no alphabet."""
+    specials: Sequence[str] = ()
+    """Strings that tokenizer keeps whole (tool-call markup, frequent code)."""
+
+    def tasks(self) -> list[TaskSpec]:
+        """The training tasks (held-out ones are removed from them by ``split_tasks``)."""
+        raise NotImplementedError
+
+    def tools(self, task: TaskSpec) -> AbstractAsyncContextManager[ToolExecutor | None]:
+        """For one trajectory: an async context manager yielding the agent's tools, or None (no tools)."""
+        raise NotImplementedError
+
+    async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
+        """The trajectories with rewards filled in (graded in a sandbox, never from text on the host);
+        ``answers`` are each episode's ``ToolExecutor.final_answer()``."""
+        raise NotImplementedError
+
+    def metrics(self) -> dict[str, float]:
+        """Counters for the run's metrics (sandbox calls, graded answers ...)."""
+        return {}
+
+    def eval_tasks(self) -> list[TaskSpec]:
+        """Held-out tasks for ``relayrl eval`` and ``[eval]``: a training task with the same id or
+        prompt is never trained on."""
+        return []
+
+    def demonstration(self, task: TaskSpec) -> str | None:
+        """For the supervised warm-up: one reference answer to ``task``; None: no demonstrations."""
+        return None
+
+    async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory] | None:
+        """For the supervised warm-up: multi-turn expert trajectories played through the run's harness
+        and real tools (every generated token is trained); None: single answers from
+        :meth:`demonstration`, if any."""
+        return None
+
+    def close(self) -> None:
+        """Release what the environment holds (sandbox backends, graders)."""
 
 
 @hookspec
@@ -47,7 +104,9 @@ def relayrl_rollout_harnesses() -> Iterable[Registration[Any]]:
 
     ``factory(config)`` (a class with a ``Config`` section, like the engines' options) returns an
     object with ``async run(task, *, proxy, tools, chat, sampling, group_id, sample_index) ->
-    Trajectory``. Generation must go through ``proxy`` (the token-recording proxy) and the context
+    Trajectory`` and ``compaction_markers() -> (compaction_prompt, summary_header)`` (how a scripted
+    expert sees it is asked to compact, and where a new segment's summary starts; empty strings for
+    a harness that never compacts). Generation must go through ``proxy`` (the token-recording proxy) and the context
     must be built from rendered and generated tokens, never re-tokenised text. Built in:
     ``coding-agent`` (multi-turn, parallel tool calls, self-compaction) and ``single-turn``.
     """
@@ -57,16 +116,13 @@ def relayrl_rollout_harnesses() -> Iterable[Registration[Any]]:
 def relayrl_rollout_environments() -> Iterable[Registration[Any]]:
     """Environments: where tasks come from, what tools an agent gets, and how answers are graded.
 
-    ``factory(config, *, sandbox, pm)`` (a class with a ``Config`` section for
-    ``[rollout.environment_options]``; ``sandbox`` is the run's ``[sandbox]`` section) returns an
-    object with ``tasks() -> list[TaskSpec]``, ``tools(task)`` (an async context manager yielding a
-    ``ToolExecutor`` or None), ``async grade(task, trajectories, answers) -> list[Trajectory]`` and
-    ``metrics() -> dict[str, float]``; optionally, for the supervised warm-up, ``demonstration(task)
-    -> str`` (a single answer) or ``async demonstrate(*, harness, chat, tokenizer) -> list[Trajectory]``
-    (multi-turn: an expert played through the run's harness and real tools; every generated token is
-    trained), ``eval_tasks()`` (held-out tasks: a training task with the same id or prompt is never
-    trained on), and ``alphabet`` and ``specials`` (a character tokenizer's characters
-    and the strings it keeps whole). Built in: ``countdown`` (arithmetic answers graded in the
+    ``factory(config, *, sandbox, pm)`` (``config``: the registration's declared ``config`` decoded
+    from ``[rollout.environment_options]``; ``sandbox`` is the run's ``[sandbox]`` section) returns
+    an :class:`Environment`: ``tasks()``, ``tools(task)``, ``async grade(task, trajectories,
+    answers)`` and ``metrics()``; optionally (defaults in :class:`Environment`), for the supervised
+    warm-up, ``demonstration(task)`` or ``async demonstrate(*, harness, chat, tokenizer)``,
+    ``eval_tasks()`` (held-out tasks), ``alphabet`` and ``specials`` (a character tokenizer's
+    characters and the strings it keeps whole), and ``close()``. Built in: ``countdown`` (arithmetic answers graded in the
     sandbox), ``code`` (the shipped bug-fix tasks, agent tools and hidden tests in sandboxes) and
     ``code-search`` (generated repositories, search tools in sandboxes, F1 graded in a sandbox).
     """

@@ -158,8 +158,7 @@ class RolloutManager:
             async with self.tools(task) as tools:
                 trajectory = await self.harness.run(task, proxy=self.proxy, tools=tools, chat=self.chat,
                                                     sampling=self.sampling, group_id=group_id, sample_index=index)
-                final_answer = getattr(tools, "final_answer", None)
-                answer = await asyncio.to_thread(final_answer) if final_answer is not None else ""
+                answer = await asyncio.to_thread(tools.final_answer) if tools is not None else ""
                 return trajectory, answer
 
         results = await asyncio.gather(*(sample(index) for index in range(self.group_size)))

@@ -47,7 +47,8 @@ import msgspec
 
 from relayrl.core.config import ConfigError, Section
 from relayrl.core.wire import TaskSpec, Trajectory
-from relayrl.rollout.demonstrations import asked_to_compact, compaction_markers, play_scripted
+from relayrl.rollout.demonstrations import asked_to_compact, play_scripted
+from relayrl.rollout.hookspecs import Environment
 
 __all__ = ["ALPHABET", "SPECIALS", "STYLES", "CodeSearchConfig", "CodeSearchEnvironment", "expert_reply", "make_tasks",
            "score_answer"]
@@ -286,7 +287,7 @@ class CodeSearchConfig(Section, kw_only=True):
                               else f"{path}.tools: give the agent at least one tool")
 
 
-class CodeSearchEnvironment:
+class CodeSearchEnvironment(Environment):
     """Environment ``code-search``: generated repositories, search tools in sandboxes, sandboxed F1."""
 
     Config = CodeSearchConfig
@@ -357,7 +358,7 @@ class CodeSearchEnvironment:
         """:func:`expert_reply` on :meth:`demonstration_tasks`, through ``harness`` and real tools."""
         tasks = self.demonstration_tasks()
         by_id = {task.task_id: task for task in tasks}
-        compaction_prompt, summary_header = compaction_markers(harness)
+        compaction_prompt, summary_header = harness.compaction_markers()
 
         def reply(task_id: str, context: str) -> str:
             return expert_reply(by_id[task_id], context, compaction_prompt=compaction_prompt,

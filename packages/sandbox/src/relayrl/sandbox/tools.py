@@ -59,10 +59,14 @@ class ToolBox:
     """The tools bound to one sandbox."""
 
     def __init__(self, sandbox: Sandbox, *, max_parallel: int = 8, timeout_s: float = 30.0,
-                 max_output_bytes: int = 64 * 1024, python: str = "python3") -> None:
+                 max_output_bytes: int = 64 * 1024, python: str = "python3",
+                 answer: Callable[[], str] | None = None) -> None:
         if max_parallel < 1:
             raise ValueError("max_parallel must be >= 1")
         self.sandbox = sandbox
+        self.answer = answer
+        """Computes the episode's answer from the sandbox (:meth:`final_answer`); None: the answer is
+        the trajectory's text."""
         self.max_parallel = max_parallel
         self.timeout_s = timeout_s
         self.max_output_bytes = max_output_bytes
@@ -75,16 +79,21 @@ class ToolBox:
         }
 
     @classmethod
-    def from_section(cls, sandbox: Sandbox, section: Any) -> ToolBox:
+    def from_section(cls, sandbox: Sandbox, section: Any, *, answer: Callable[[], str] | None = None) -> ToolBox:
         """Tools configured by a ``[sandbox]`` section (parallelism, timeout, output cap)."""
         return cls(sandbox, max_parallel=section.max_parallel_tools, timeout_s=section.tool_timeout_s,
-                   max_output_bytes=section.limits.max_output_bytes)
+                   max_output_bytes=section.limits.max_output_bytes, answer=answer)
 
     # ------------------------------------------------------------------------------ turn
     @property
     def tool_names(self) -> Sequence[str]:
-        """The tools' names (with :meth:`execute`, this is relayrl-rollout's ``ToolExecutor`` protocol)."""
+        """The tools' names (with :meth:`execute` and :meth:`final_answer`, this is relayrl-rollout's
+        ``ToolExecutor`` protocol)."""
         return sorted(self.tools)
+
+    def final_answer(self) -> str:
+        """The episode's answer for the grader: ``answer()`` when one was given, else ""."""
+        return self.answer() if self.answer is not None else ""
 
     async def execute(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
         """:meth:`run_turn` for asyncio callers (the rollout agent loop), off the event loop."""

@@ -74,11 +74,11 @@ class BatchObjective:
 
     def denominator(self, batch: SequenceBatch) -> float:
         """The global normaliser of the loss's aggregation over the whole batch (all micro-batches, all ranks)."""
-        aggregation = getattr(getattr(self.loss, "config", None), "aggregation", "token-mean")
+        aggregation = self.loss.aggregation
         if aggregation == "token-mean":
             return float(batch.num_targets)
         if aggregation == "constant":
-            return float(getattr(self.loss.config, "normalizer", 0.0) or batch.num_targets)
+            return float(self.loss.normalizer or batch.num_targets)
         return float(int((batch.target_mask.sum(dim=1) > 0).sum()))
 
     def micro_loss(self, logits: torch.Tensor, micro: SequenceBatch, advantages: torch.Tensor,

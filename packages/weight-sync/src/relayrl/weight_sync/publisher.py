@@ -335,9 +335,8 @@ class Publisher:
         if committed and self.keep_versions > 0:
             try:
                 deleted = apply_retention(self.bus, keep_versions=self.keep_versions, protect=self._milestones(version))
-                sweep = getattr(self.bus.store, "sweep_temporaries", None)
-                if sweep is not None:  # files of writers killed mid-write (local stores), an hour old
-                    sweep(older_than_s=TEMPORARY_AGE_S, prefix=self.bus.prefix)
+                # Files of writers killed mid-write (local stores), an hour old.
+                self.bus.store.sweep_temporaries(older_than_s=TEMPORARY_AGE_S, prefix=self.bus.prefix)
             except Exception as exc:  # retention is housekeeping: the version is published
                 log.warning("retention after version %d failed: %s", version, exc)
         report = PublishReport(version=version, kind=manifest.kind, committed=committed,

@@ -23,7 +23,7 @@ import dataclasses
 import pytest
 import torch
 
-from relayrl.algo.losses import LossInputs
+from relayrl.algo.losses import AGGREGATIONS, Loss, LossInputs
 from relayrl.algo.sampling import KeptSets, replay_logprobs, sample_tokens
 
 
@@ -71,6 +71,12 @@ class LossTests:
     @pytest.fixture
     def loss(self):
         raise NotImplementedError("override the `loss` fixture to return the loss under test")
+
+    def test_it_declares_how_it_aggregates(self, loss) -> None:
+        # The trainer normalises over the whole batch by this mode (relayrl.algo.losses.Loss).
+        assert isinstance(loss, Loss) and loss.aggregation in AGGREGATIONS
+        if loss.aggregation == "constant":
+            assert loss.normalizer and loss.normalizer > 0
 
     def test_loss_and_gradients_are_finite(self, loss) -> None:
         data = make_replay_batch(seed=1)

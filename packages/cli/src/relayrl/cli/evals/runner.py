@@ -181,14 +181,10 @@ def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: Any = Non
         state["sessions"].append({"seconds": round(time.monotonic() - started, 3),
                                   "engines": config.rollout.engines, "tasks": len(remaining)})
         _write_json(out / "eval.json", state)
-        _close(environment)
+        environment.close()
     return write_outputs(out, model, task_set, options, state), task_set
 
 
-def _close(environment: Any) -> None:
-    close = getattr(environment, "close", None)
-    if close is not None:
-        close()
 
 
 async def _evaluate(model: EvalModel, config: Config, environment: Any, task_set: TaskSet, remaining: list[TaskSpec],

@@ -110,8 +110,8 @@ class TrainerProcess:
         if not self.ranks.leader:
             self.ranks.barrier()  # the leader writes a fresh model directory first
         model_dir = materialize_model(config.model, self.layout.model_dir,
-                                      alphabet=getattr(self.environment, "alphabet", None),
-                                      specials=getattr(self.environment, "specials", ()), seed=config.run.seed)
+                                      alphabet=self.environment.alphabet, specials=self.environment.specials,
+                                      seed=config.run.seed)
         if self.ranks.leader:
             self.ranks.barrier()
         self.tokenizer = load_tokenizer(model_dir)
@@ -169,25 +169,24 @@ class TrainerProcess:
 
     def _demonstrations(self) -> list[Any]:
         """The warm-up's examples: multi-turn expert trajectories, or single answers, from the environment."""
-        demonstrate = getattr(self.environment, "demonstrate", None)
-        if demonstrate is not None:  # played through the run's own harness and real sandboxed tools
-            from relayrl.rollout.agent import iter_segments
-            from relayrl.rollout.config import build_harness
-
-            trajectories = asyncio.run(demonstrate(harness=build_harness(self.config.rollout, pm=self.pm),
-                                                   chat=self.chat, tokenizer=self.tokenizer))
-            return [MaskedExample(tokens, trained) for trajectory in trajectories
-                    for tokens, trained in iter_segments(trajectory)]
-        demonstration = getattr(self.environment, "demonstration", None)
-        if demonstration is None:
-            raise SystemExit(f"trainer.warmup.steps = {self.config.trainer.warmup.steps}, but environment "
-                             f"{self.config.rollout.environment!r} has no demonstrations")
+        from relayrl.rollout.agent import iter_segments
+        from relayrl.rollout.config import build_harness
         from relayrl.rollout.evaluation import split_tasks
 
+        # Multi-turn: played through the run's own harness and real sandboxed tools.
+        trajectories = asyncio.run(self.environment.demonstrate(harness=build_harness(self.config.rollout, pm=self.pm),
+                                                                chat=self.chat, tokenizer=self.tokenizer))
+        if trajectories is not None:
+            return [MaskedExample(tokens, trained) for trajectory in trajectories
+                    for tokens, trained in iter_segments(trajectory)]
         end = self.chat.stop_token_ids()
         training, _ = split_tasks(self.environment)  # never the held-out tasks
+        answers = [self.environment.demonstration(task) for task in training]
+        if not training or any(answer is None for answer in answers):
+            raise SystemExit(f"trainer.warmup.steps = {self.config.trainer.warmup.steps}, but environment "
+                             f"{self.config.rollout.environment!r} has no demonstrations")
         return [(self.chat.render("user", task.instruction) + self.chat.assistant_prefix(),
-                 self.chat.tokenizer.encode(demonstration(task)) + end[:1]) for task in training]
+                 self.chat.tokenizer.encode(answer) + end[:1]) for task, answer in zip(training, answers)]
 
     def _recover(self) -> Any:
         recovered = recover(self.checkpointer.local, self.checkpointer.peers)
@@ -383,9 +382,7 @@ class TrainerProcess:
         self._drained.clear()
         metrics.update(self._fleet_metrics())
         for shaper in self.shapers:
-            shaper_metrics = getattr(shaper, "metrics", None)
-            if shaper_metrics is not None:
-                metrics.update(shaper_metrics(self.step))
+            metrics.update(shaper.metrics(self.step))
         if publish:
             self.publisher.publish(weights, step=self.step, version=self.trainer.version)
         report = self.publisher.last_report

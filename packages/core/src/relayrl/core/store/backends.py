@@ -136,6 +136,8 @@ class MemoryStore(FsspecStore):
 class LocalStore(Store):
     """A directory on a local (or shared POSIX) filesystem: temp file, fsync, rename/link."""
 
+    writes_temporaries = True  # a writer killed between its temp file and the rename leaves the file
+
     def __init__(self, url: str, *, retry: RetryPolicy | None = None, fsync: bool = True) -> None:
         fs = fsspec.filesystem("file")
         super().__init__(url, fs._strip_protocol(url), retry=retry)

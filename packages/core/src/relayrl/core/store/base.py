@@ -66,6 +66,9 @@ class Store(abc.ABC):
 
     #: True when several processes can open the same URL and see the same objects.
     shared_across_processes: bool = True
+    #: True when a writer killed mid-write can leave a temporary behind (a local file store), which
+    #: :meth:`sweep_temporaries` removes; object stores write atomically and leave none.
+    writes_temporaries: bool = False
 
     def __init__(self, url: str, root: str, *, retry: RetryPolicy | None = None) -> None:
         self.url = url.rstrip("/")
@@ -202,6 +205,11 @@ class Store(abc.ABC):
         except ObjectNotFound:
             if not missing_ok:
                 raise
+
+    def sweep_temporaries(self, older_than_s: float = 3600.0, prefix: str = "") -> int:
+        """Delete temporaries left by writers that died mid-write (under ``prefix``) and older than
+        ``older_than_s``; returns how many. Nothing to do unless :attr:`writes_temporaries`."""
+        return 0
 
     # ----------------------------------------------------------------------------- helpers
     def _path(self, key: str) -> str:

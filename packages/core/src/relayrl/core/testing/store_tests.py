@@ -226,10 +226,9 @@ class StoreTests:
                 writer.stderr.close()
             self._assert_every_visible_object_is_complete(store)
         assert completed_writes >= iterations
-        sweep = getattr(store, "sweep_temporaries", None)
-        if sweep is not None:
+        if store.writes_temporaries:
             # Temporaries left behind prove that kills landed mid-write, i.e. the test tested something.
-            assert sweep(older_than_s=0) > 0, "no kill interrupted a write; raise kill_iterations"
+            assert store.sweep_temporaries(older_than_s=0) > 0, "no kill interrupted a write; raise kill_iterations"
 
     @staticmethod
     def _assert_every_visible_object_is_complete(store: Store) -> None:
