@@ -1,15 +1,12 @@
-"""relayrl-fault-tolerance's own plugin: its hookspecs, the peer store scheme and checkpoint stores."""
+"""relayrl-fault-tolerance's own plugin: the ``relayrl-peer`` store scheme (a peer's checkpoint directory).
+
+Checkpoint replicas live in any relayrl store (core's ``relayrl_core_stores`` registry: a local
+directory, S3, or this peer scheme), so the package adds no registry of its own.
+"""
 
 from __future__ import annotations
 
 from relayrl.core.plugins import Registration, hookimpl
-
-
-@hookimpl
-def relayrl_addhooks(pluginmanager):
-    from relayrl.fault_tolerance import hookspecs
-
-    pluginmanager.add_hookspecs(hookspecs)
 
 
 def _peer_store(url, **options):
@@ -18,25 +15,6 @@ def _peer_store(url, **options):
     return HttpPeerStore.from_url(url, **options)
 
 
-def _local_store(url, **options):
-    from relayrl.core.store import LocalStore
-
-    return LocalStore.from_url(url, **options)
-
-
 @hookimpl
 def relayrl_core_stores():
     yield Registration("relayrl-peer", _peer_store, "a peer node's checkpoint directory over HTTP (PeerServer)")
-
-
-@hookimpl
-def relayrl_fault_tolerance_checkpoint_stores():
-    yield Registration("local", _local_store, "a directory on this node's disk")
-    yield Registration("peer-http", _peer_store, "a peer node's PeerServer (relayrl-peer://host:port/prefix)")
-
-
-@hookimpl
-def relayrl_fault_tolerance_membership():
-    from relayrl.fault_tolerance.membership import StoreMembership
-
-    yield Registration("store", StoreMembership, "heartbeats and generation views as objects in a relayrl store")
