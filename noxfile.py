@@ -34,6 +34,7 @@ else:  # pragma: no cover
 ROOT = Path(__file__).resolve().parent
 CONSTRAINTS = ("-c", str(ROOT / "constraints.txt"))
 RUFF = "ruff==0.17.6"
+MYPY = "mypy==2.4.1"
 
 # uv when installed (`.ci/run` installs it): it links packages from its cache, so a session's install
 # takes seconds instead of a minute (most sessions install torch); else the standard venv + pip.
@@ -251,9 +252,13 @@ def _plugins() -> list[str]:
 
 @nox.session(tags=ci_tags("lint"))
 def lint(session: nox.Session) -> None:
-    """ruff over the whole repository."""
+    """ruff over the whole repository; mypy (strict) over the plugin contracts ([tool.mypy] files)."""
     session.install(RUFF)
     session.run("ruff", "check", ".")
+    # The contracts need only pluggy's and msgspec's types: torch and numpy are Any here, which keeps
+    # the session seconds long.
+    session.install(*CONSTRAINTS, MYPY, "pluggy", "msgspec")
+    session.run("mypy")
 
 
 @nox.session

@@ -79,6 +79,17 @@ def test_malformed_unknown_and_excess_calls_get_errors_not_crashes():
     assert trajectory.status == "ok"
 
 
+def test_a_tool_call_in_an_environment_without_tools_gets_an_error_not_a_crash():
+    # Countdown gives no tools (None): a model that calls one anyway is told so and carries on.
+    engine = ScriptedEngine([call("echo", text="x"), "42"], AgentConfig().compaction_prompt)
+    trajectory = asyncio.run(CodingAgent(AgentConfig(system_prompt="s")).run(
+        TASK, proxy=TokenRecordingProxy(engine), tools=None, chat=CHAT, sampling=SamplingParams(),
+        group_id="g", sample_index=0))
+    results = trajectory.segments[0].turns[3].tool_results
+    assert "unknown tool 'echo' (available: )" in results[0].error
+    assert trajectory.status == "ok" and trajectory.segments[0].turns[-1].text == "42"
+
+
 def test_turn_budget_ends_the_trajectory():
     config = AgentConfig(max_turns=2, system_prompt="s")
     replies = [call("echo", text=str(index)) for index in range(5)]

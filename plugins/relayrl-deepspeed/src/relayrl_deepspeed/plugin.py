@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
 from relayrl.core.plugins import Registration, hookimpl
 
+if TYPE_CHECKING:
+    import torch
 
-def _deepspeed_trainer(model, *, run_config=None, **kwargs):
+    from relayrl.trainer.hookspecs import TrainerBackend, TrainerBackendFactory
+
+
+def _deepspeed_trainer(model: torch.nn.Module, *, run_config: Any = None, **kwargs: Any) -> TrainerBackend:
     from relayrl_deepspeed.backend import DeepSpeedTrainer
 
     if run_config is not None and "deepspeed" not in kwargs:
@@ -14,7 +22,7 @@ def _deepspeed_trainer(model, *, run_config=None, **kwargs):
 
 
 @hookimpl
-def relayrl_trainer_backends():
+def relayrl_trainer_backends() -> Iterator[Registration[TrainerBackendFactory]]:
     # Data-parallel ([trainer] ranks > 1), not elastic: ZeRO shards the model and optimiser state.
     yield Registration("deepspeed", _deepspeed_trainer,
                        "DeepSpeed ZeRO 1/2/3, bf16, DeepSpeed Muon + AdamW; publishes tensor by tensor",
@@ -22,7 +30,7 @@ def relayrl_trainer_backends():
 
 
 @hookimpl
-def relayrl_core_config_sections():
+def relayrl_core_config_sections() -> Iterator[Registration[Any]]:
     from relayrl_deepspeed.config import DeepSpeedSection
 
     yield Registration("deepspeed", DeepSpeedSection, "ZeRO stage, precision, optimiser and offload of the DeepSpeed backend")

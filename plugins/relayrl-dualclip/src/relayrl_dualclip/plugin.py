@@ -6,13 +6,19 @@ imports torch, is imported inside the hook.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from relayrl.core.plugins import Registration, hookimpl
+
+if TYPE_CHECKING:
+    from relayrl.algo.hookspecs import LossFactory
 
 NAME = "dual-clip"
 
 
 @hookimpl
-def relayrl_algo_losses():
+def relayrl_algo_losses() -> Iterator[Registration[LossFactory]]:
     """Register the loss, so ``[algo] loss = "dual-clip"`` selects it."""
     from relayrl_dualclip.loss import DualClipPPO
 

@@ -2,25 +2,39 @@
 
 from __future__ import annotations
 
-from relayrl.core.plugins import Registration, hookimpl
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+from relayrl.core.plugins import Registration, RelayrlPluginManager, hookimpl
+
+if TYPE_CHECKING:
+    from relayrl.algo.config import MonitorsConfig
+    from relayrl.algo.hookspecs import (
+        AdvantageEstimatorFactory,
+        LossFactory,
+        MismatchCorrectionFactory,
+        Monitor,
+        MonitorFactory,
+        RewardShaperFactory,
+    )
 
 
 @hookimpl
-def relayrl_addhooks(pluginmanager):
+def relayrl_addhooks(pluginmanager: RelayrlPluginManager) -> None:
     from relayrl.algo import hookspecs
 
     pluginmanager.add_hookspecs(hookspecs)
 
 
 @hookimpl
-def relayrl_core_config_sections():
+def relayrl_core_config_sections() -> Iterator[Registration[Any]]:
     from relayrl.algo.config import AlgoSection
 
     yield Registration("algo", AlgoSection, "advantages, loss, IS correction, sampling, optimiser, shapers, monitors")
 
 
 @hookimpl
-def relayrl_algo_losses():
+def relayrl_algo_losses() -> Iterator[Registration[LossFactory]]:
     from relayrl.algo.losses import CISPO, GSPO, PPOClip
 
     yield Registration("ppo-clip", PPOClip, "token-level PPO-clip with separate low/high clip ranges", config=PPOClip.Config)
@@ -29,7 +43,7 @@ def relayrl_algo_losses():
 
 
 @hookimpl
-def relayrl_algo_advantage_estimators():
+def relayrl_algo_advantage_estimators() -> Iterator[Registration[AdvantageEstimatorFactory]]:
     from relayrl.algo.advantages import GRPO, RLOO, DrGRPO
 
     yield Registration("grpo", GRPO, "group mean-centred rewards, optionally std-scaled", config=GRPO.Config)
@@ -38,7 +52,7 @@ def relayrl_algo_advantage_estimators():
 
 
 @hookimpl
-def relayrl_algo_mismatch_corrections():
+def relayrl_algo_mismatch_corrections() -> Iterator[Registration[MismatchCorrectionFactory]]:
     from relayrl.algo.correction import GeometricMask, NoCorrection, SequenceMask, TokenMask, TruncatedIS
 
     yield Registration("none", NoCorrection, "no correction (metrics only)", config=NoCorrection.Config)
@@ -49,15 +63,15 @@ def relayrl_algo_mismatch_corrections():
 
 
 @hookimpl
-def relayrl_algo_reward_shapers():
+def relayrl_algo_reward_shapers() -> Iterator[Registration[RewardShaperFactory]]:
     from relayrl.algo.length_penalty import AlternatingLengthPenalty
 
     yield Registration("length-penalty", AlternatingLengthPenalty,
                        "alternating length penalty over tokens, turns and tool time", config=AlternatingLengthPenalty.Config)
 
 
-def _series(name: str, metric: str, direction: str):
-    def factory(config):
+def _series(name: str, metric: str, direction: Literal["up", "down", "both"]) -> MonitorFactory:
+    def factory(config: MonitorsConfig, /) -> Monitor:
         from relayrl.algo.monitors import SeriesMonitor
 
         return SeriesMonitor(name, metric, direction, config.alarm)
@@ -66,7 +80,7 @@ def _series(name: str, metric: str, direction: str):
 
 
 @hookimpl
-def relayrl_algo_monitors():
+def relayrl_algo_monitors() -> Iterator[Registration[MonitorFactory]]:
     yield Registration("entropy", _series("entropy", "entropy/token_mean", "down"), "alarm on an entropy drop")
     yield Registration("mismatch-kl", _series("mismatch-kl", "mismatch/kl_k3", "up"), "alarm on a mismatch-KL rise")
     yield Registration("clip-fraction", _series("clip-fraction", "loss/clip_fraction", "up"), "alarm on a clip-fraction jump")
@@ -76,7 +90,7 @@ def relayrl_algo_monitors():
     yield Registration("tool-calls", _series("tool-calls", "response/tool_calls_per_turn", "both"),
                        "alarm on a sudden change of tool calls per turn")
 
-    def phrases(config):
+    def phrases(config: MonitorsConfig, /) -> Monitor:
         from relayrl.algo.monitors import PhraseMonitor
 
         return PhraseMonitor("phrases", config.phrases, config.alarm)

@@ -1,21 +1,86 @@
-"""Hook specifications owned by relayrl-algo (documented in ``docs/plugins.md``).
+"""Hook specifications owned by relayrl-algo (documented in ``docs/plugins.md``), and the typed
+contract of each kind next to its hook.
 
 Each is a registration hook: it takes no arguments, runs at start-up, and yields
 :class:`relayrl.core.plugins.Registration` records. A ``factory`` is a class (or callable) taking
-one config struct; when it has a ``Config`` attribute (a :class:`relayrl.core.config.Section`),
-the ``*_options`` table of ``[algo]`` is decoded into it, with errors naming the key.
+one config struct: the registration's declared ``config`` (a :class:`relayrl.core.config.Section`)
+decoded from the ``*_options`` table of ``[algo]``, with errors naming the key; a factory whose
+registration declares none is called without arguments.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relayrl.core.plugins import Registration, hookspec
 
+if TYPE_CHECKING:
+    import torch
+
+    from relayrl.algo.advantages import AdvantageResult
+    from relayrl.algo.config import MonitorsConfig
+    from relayrl.algo.correction import CorrectionResult, MismatchInputs
+    from relayrl.algo.losses import Loss
+    from relayrl.algo.monitors import Alarm
+    from relayrl.core.wire import Group
+
+
+class LossFactory(Protocol):
+    """Builds a :class:`~relayrl.algo.losses.Loss` from its declared config (or from nothing)."""
+
+    def __call__(self, config: Any = ..., /) -> Loss: ...
+
+
+class AdvantageEstimator(Protocol):
+    """One advantage per trajectory from its reward and group, counting zero-variance groups."""
+
+    def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> AdvantageResult: ...
+
+
+class AdvantageEstimatorFactory(Protocol):
+    def __call__(self, config: Any = ..., /) -> AdvantageEstimator: ...
+
+
+class MismatchCorrection(Protocol):
+    """Detached per-token importance weights and a mask for the train/inference mismatch."""
+
+    def __call__(self, inputs: MismatchInputs) -> CorrectionResult: ...
+
+
+class MismatchCorrectionFactory(Protocol):
+    def __call__(self, config: Any = ..., /) -> MismatchCorrection: ...
+
+
+class RewardShaper(Protocol):
+    """Changes a scored group's rewards (recording what it changed in ``reward_components``)."""
+
+    def __call__(self, group: Group, *, step: int) -> Group: ...
+
+    def metrics(self, step: int) -> dict[str, float]: ...
+
+
+class RewardShaperFactory(Protocol):
+    def __call__(self, config: Any = ..., /) -> RewardShaper: ...
+
+
+class Monitor(Protocol):
+    """A health monitor over each step's metrics and sampled texts; its state is checkpointed."""
+
+    def observe(self, step: int, metrics: dict[str, float],
+                texts: Sequence[str] = ...) -> tuple[dict[str, float], list[Alarm]]: ...
+
+    def state(self) -> dict[str, object]: ...
+
+    def restore(self, state: dict[str, object]) -> None: ...
+
+
+class MonitorFactory(Protocol):
+    def __call__(self, config: MonitorsConfig, /) -> Monitor: ...
+
 
 @hookspec
-def relayrl_algo_losses() -> Iterable[Registration[Any]]:
+def relayrl_algo_losses() -> Iterable[Registration[LossFactory]]:
     """Policy losses, selected by ``[algo] loss = NAME`` with options in ``[algo.loss_options]``.
 
     ``factory(config)`` returns a :class:`relayrl.algo.losses.Loss`: a callable ``loss(inputs:
@@ -30,7 +95,7 @@ def relayrl_algo_losses() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_algo_advantage_estimators() -> Iterable[Registration[Any]]:
+def relayrl_algo_advantage_estimators() -> Iterable[Registration[AdvantageEstimatorFactory]]:
     """Advantage estimators, selected by ``[algo] advantage = NAME``.
 
     ``factory(config)`` returns a callable ``(rewards [n], group_ids [n]) -> AdvantageResult``
@@ -40,7 +105,7 @@ def relayrl_algo_advantage_estimators() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_algo_mismatch_corrections() -> Iterable[Registration[Any]]:
+def relayrl_algo_mismatch_corrections() -> Iterable[Registration[MismatchCorrectionFactory]]:
     """Train/inference mismatch corrections (importance sampling), selected by ``[algo] correction``.
 
     ``factory(config)`` returns a callable ``(MismatchInputs) -> CorrectionResult`` giving detached
@@ -50,7 +115,7 @@ def relayrl_algo_mismatch_corrections() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_algo_reward_shapers() -> Iterable[Registration[Any]]:
+def relayrl_algo_reward_shapers() -> Iterable[Registration[RewardShaperFactory]]:
     """Reward shapers, applied in order to every scored group (``[algo.reward_shapers.NAME]`` tables).
 
     ``factory(config)`` returns an object with ``__call__(group, *, step) -> Group`` (recording what
@@ -59,7 +124,7 @@ def relayrl_algo_reward_shapers() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_algo_monitors() -> Iterable[Registration[Any]]:
+def relayrl_algo_monitors() -> Iterable[Registration[MonitorFactory]]:
     """Health monitors, enabled by name in ``[algo.monitors] enabled``.
 
     ``factory(config: MonitorsConfig)`` returns an object with ``observe(step, metrics, texts) ->

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
-from relayrl.core.plugins import Registration, hookimpl
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from relayrl.core.plugins import Registration, RelayrlPluginManager, hookimpl
+
+if TYPE_CHECKING:
+    from relayrl.buffer.hookspecs import AdmissionPolicyFactory, PromptSchedulerFactory
 
 
 @hookimpl
-def relayrl_addhooks(pluginmanager):
+def relayrl_addhooks(pluginmanager: RelayrlPluginManager) -> None:
     from relayrl.buffer import hookspecs
 
     pluginmanager.add_hookspecs(hookspecs)
 
 
 @hookimpl
-def relayrl_buffer_admission_policies():
+def relayrl_buffer_admission_policies() -> Iterator[Registration[AdmissionPolicyFactory]]:
     from relayrl.buffer.admission import StalenessPolicy, ZeroVariancePolicy
 
     yield Registration("staleness", StalenessPolicy.from_config,
@@ -23,7 +29,7 @@ def relayrl_buffer_admission_policies():
 
 
 @hookimpl
-def relayrl_buffer_prompt_schedulers():
+def relayrl_buffer_prompt_schedulers() -> Iterator[Registration[PromptSchedulerFactory]]:
     from relayrl.buffer.prompts import PromptScheduler
 
     yield Registration("pass-rate", PromptScheduler,
@@ -31,7 +37,7 @@ def relayrl_buffer_prompt_schedulers():
 
 
 @hookimpl
-def relayrl_core_config_sections():
+def relayrl_core_config_sections() -> Iterator[Registration[Any]]:
     from relayrl.buffer.config import BufferSection
 
     yield Registration("buffer", BufferSection, "rollout segments, staleness admission, batching, prompt scheduling")

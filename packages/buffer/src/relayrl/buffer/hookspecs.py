@@ -5,17 +5,46 @@ Both are registration hooks, called at start-up; they are documented in ``docs/p
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relayrl.core.plugins import hookspec
 
 if TYPE_CHECKING:
+    from relayrl.buffer.admission import AdmissionPolicy
+    from relayrl.buffer.config import BufferSection, PromptsSection
+    from relayrl.buffer.prompts import Pick
     from relayrl.core.plugins import Registration
+    from relayrl.core.wire import Group
+
+
+class AdmissionPolicyFactory(Protocol):
+    """Builds an :class:`~relayrl.buffer.admission.AdmissionPolicy` from the whole ``[buffer]`` section."""
+
+    def __call__(self, config: BufferSection, /) -> AdmissionPolicy: ...
+
+
+class PromptSchedulerLike(Protocol):
+    """What the rollout manager draws tasks from (:class:`~relayrl.buffer.prompts.PromptScheduler`)."""
+
+    def next(self) -> Pick: ...
+
+    def observe(self, group: Group) -> None: ...
+
+    def state(self) -> Any: ...
+
+    def restore(self, state: Any) -> None: ...
+
+    def metrics(self, prefix: str = ...) -> dict[str, float]: ...
+
+
+class PromptSchedulerFactory(Protocol):
+    def __call__(self, tasks: Sequence[Any], config: PromptsSection | None = ..., /, *,
+                 seed: int = ...) -> PromptSchedulerLike: ...
 
 
 @hookspec
-def relayrl_buffer_admission_policies() -> Iterable[Registration[Any]]:
+def relayrl_buffer_admission_policies() -> Iterable[Registration[AdmissionPolicyFactory]]:
     """Admission policies the trainer-side buffer can apply to every group before batching.
 
     ``name`` is what ``buffer.admission`` lists; ``factory(config)`` receives the whole
@@ -32,7 +61,7 @@ def relayrl_buffer_admission_policies() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_buffer_prompt_schedulers() -> Iterable[Registration[Any]]:
+def relayrl_buffer_prompt_schedulers() -> Iterable[Registration[PromptSchedulerFactory]]:
     """Prompt schedulers the rollout manager can draw tasks from.
 
     ``name`` is what ``buffer.prompts.scheduler`` selects; ``factory(tasks, config, seed=...)``

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
 from relayrl.core.plugins import Registration, hookimpl
+
+if TYPE_CHECKING:
+    from relayrl.core.config import Section
+    from relayrl.core.hookspecs import StoreFactory
 
 
 @hookimpl
-def relayrl_core_stores():
+def relayrl_core_stores() -> Iterator[Registration[StoreFactory]]:
     from relayrl.core.store import LocalStore, MemoryStore, S3Store
 
     yield Registration("file", LocalStore.from_url, "local or shared POSIX directory (temp file, fsync, rename)")
@@ -15,7 +22,7 @@ def relayrl_core_stores():
 
 
 @hookimpl
-def relayrl_core_config_sections():
+def relayrl_core_config_sections() -> Iterator[Registration[type[Section]]]:
     from relayrl.core.config import RunSection, StoreSection
 
     yield Registration("run", RunSection, "run name, seed, determinism")

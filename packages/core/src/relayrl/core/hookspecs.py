@@ -8,12 +8,20 @@ are called at start-up, never per token.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relayrl.core.plugins import hookspec
 
 if TYPE_CHECKING:
+    from relayrl.core.config import Section
     from relayrl.core.plugins import Registration, RelayrlPluginManager
+    from relayrl.core.store import Store
+
+
+class StoreFactory(Protocol):
+    """Opens a :class:`~relayrl.core.store.Store` rooted at ``url`` (options: ``[store.options]``)."""
+
+    def __call__(self, url: str, **options: Any) -> Store: ...
 
 
 @hookspec(historic=True)
@@ -31,7 +39,7 @@ def relayrl_addhooks(pluginmanager: RelayrlPluginManager) -> None:
 
 
 @hookspec
-def relayrl_core_stores() -> Iterable[Registration[Any]]:
+def relayrl_core_stores() -> Iterable[Registration[StoreFactory]]:
     """Object-store backends, one :class:`Registration` per URL scheme.
 
     ``name`` is the URL scheme (``file``, ``memory``, ``s3`` ...). ``factory(url, **options)``
@@ -45,7 +53,7 @@ def relayrl_core_stores() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_core_config_sections() -> Iterable[Registration[Any]]:
+def relayrl_core_config_sections() -> Iterable[Registration[type[Section]]]:
     """Top-level sections of a run config, one :class:`Registration` per ``[section]``.
 
     ``name`` is the TOML table name; ``factory`` is the ``msgspec.Struct`` type the table decodes

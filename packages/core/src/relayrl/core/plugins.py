@@ -37,7 +37,7 @@ import importlib.metadata as importlib_metadata
 import inspect
 import os
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 import pluggy
@@ -88,7 +88,8 @@ class Registration(Generic[F]):
     description: str = ""
     plugin: str = ""
     config: type | None = None
-    capabilities: frozenset[str] = frozenset()
+    capabilities: Collection[str] = frozenset()
+    """Stored as a frozenset."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or any(c.isspace() for c in self.name):

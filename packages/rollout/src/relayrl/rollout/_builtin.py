@@ -2,24 +2,31 @@
 
 from __future__ import annotations
 
-from relayrl.core.plugins import Registration, hookimpl
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+from relayrl.core.plugins import Registration, RelayrlPluginManager, hookimpl
+
+if TYPE_CHECKING:
+    from relayrl.rollout.hookspecs import EngineFactory, EnvironmentFactory, HarnessFactory, RouterFactory
+    from relayrl.rollout.protocol import InferenceEngine
 
 
 @hookimpl
-def relayrl_addhooks(pluginmanager):
+def relayrl_addhooks(pluginmanager: RelayrlPluginManager) -> None:
     from relayrl.rollout import hookspecs
 
     pluginmanager.add_hookspecs(hookspecs)
 
 
-def _torch_engine(model: str, **options):
+def _torch_engine(model: str, **options: Any) -> InferenceEngine:
     from relayrl.rollout.engines.torch_engine import TorchEngine
 
     return TorchEngine.from_pretrained(model, **options)
 
 
-def _router(policy: str):
-    def factory(engines, **options):
+def _router(policy: Literal["round-robin", "least-loaded"]) -> RouterFactory:
+    def factory(engines: list[InferenceEngine], **options: Any) -> InferenceEngine:
         from relayrl.rollout.routing import Router
 
         return Router(engines, policy=policy, **options)
@@ -28,18 +35,18 @@ def _router(policy: str):
 
 
 @hookimpl
-def relayrl_rollout_engines():
+def relayrl_rollout_engines() -> Iterator[Registration[EngineFactory]]:
     yield Registration("torch", _torch_engine, "transformers causal LM, batched KV-cache decoding, in-place weight updates")
 
 
 @hookimpl
-def relayrl_rollout_routers():
+def relayrl_rollout_routers() -> Iterator[Registration[RouterFactory]]:
     yield Registration("round-robin", _router("round-robin"), "each request to the next healthy engine")
     yield Registration("least-loaded", _router("least-loaded"), "each request to the healthy engine with fewest in flight")
 
 
 @hookimpl
-def relayrl_rollout_harnesses():
+def relayrl_rollout_harnesses() -> Iterator[Registration[HarnessFactory]]:
     from relayrl.rollout.agent import CodingAgent, SingleTurn
 
     yield Registration("coding-agent", CodingAgent, "multi-turn tool use, parallel calls, self-compaction", config=CodingAgent.Config)
@@ -47,7 +54,7 @@ def relayrl_rollout_harnesses():
 
 
 @hookimpl
-def relayrl_rollout_environments():
+def relayrl_rollout_environments() -> Iterator[Registration[EnvironmentFactory]]:
     from relayrl.rollout.countdown import CountdownEnvironment
     from relayrl.rollout.environments import CodeEnvironment
     from relayrl.rollout.search import CodeSearchEnvironment
@@ -59,7 +66,7 @@ def relayrl_rollout_environments():
 
 
 @hookimpl
-def relayrl_core_config_sections():
+def relayrl_core_config_sections() -> Iterator[Registration[Any]]:
     from relayrl.rollout.config import EvalSection, ModelSection, RolloutSection
 
     yield Registration("model", ModelSection, "the policy's weights, tokenizer and chat format")

@@ -166,7 +166,7 @@ class CodingAgent:
                            + self.config.summary_max_tokens)
         return len(state.context) + len(chat.assistant_prefix()) + max_tokens + compaction_cost <= self.config.context_limit
 
-    async def run(self, task: TaskSpec, *, proxy: TokenRecordingProxy, tools: ToolExecutor, chat: ChatFormat,
+    async def run(self, task: TaskSpec, *, proxy: TokenRecordingProxy, tools: ToolExecutor | None, chat: ChatFormat,
                   sampling: SamplingParams, group_id: str, sample_index: int) -> Trajectory:
         config = self.config
         trajectory_id = f"{group_id}/{sample_index}-{uuid.uuid4().hex[:8]}"
@@ -218,10 +218,10 @@ class CodingAgent:
                           engine_ids=state.engine_ids, status=status,
                           metrics={"compactions": float(compactions)})
 
-    async def _run_tools(self, parsed: list[ToolCall | MalformedCall], tools: ToolExecutor, state: _State
+    async def _run_tools(self, parsed: list[ToolCall | MalformedCall], tools: ToolExecutor | None, state: _State
                          ) -> list[ToolResult]:
         limit = self.config.max_tool_calls_per_turn
-        known = set(tools.tool_names)
+        known = set(tools.tool_names) if tools is not None else set()  # an environment without tools
         results: dict[int, ToolResult] = {}
         runnable: list[tuple[int, ToolCall]] = []
         for index, call in enumerate(parsed):
@@ -235,7 +235,7 @@ class CodingAgent:
                                             error=f"unknown tool {call.name!r} (available: {', '.join(sorted(known))})")
             else:
                 runnable.append((index, call))
-        if runnable:
+        if runnable and tools is not None:
             started = time.monotonic()
             outputs = await tools.execute([call for _, call in runnable])
             state.tool_s += time.monotonic() - started

@@ -12,6 +12,34 @@ from relayrl.core.plugins import Registration, hookspec
 if TYPE_CHECKING:
     from relayrl.core.wire import TaskSpec, Trajectory
     from relayrl.rollout.agent import ToolExecutor
+    from relayrl.rollout.chat import ChatFormat
+    from relayrl.rollout.protocol import InferenceEngine, SamplingParams
+    from relayrl.rollout.routing import TokenRecordingProxy
+
+
+class EngineFactory(Protocol):
+    """Starts an :class:`~relayrl.rollout.protocol.InferenceEngine` serving the model directory ``model``."""
+
+    def __call__(self, model: str, **options: Any) -> InferenceEngine: ...
+
+
+class RouterFactory(Protocol):
+    """Builds a router (itself an :class:`~relayrl.rollout.protocol.InferenceEngine`) over ``engines``."""
+
+    def __call__(self, engines: list[InferenceEngine], **options: Any) -> InferenceEngine: ...
+
+
+class Harness(Protocol):
+    """How one task becomes one trajectory (an agent loop)."""
+
+    async def run(self, task: TaskSpec, *, proxy: TokenRecordingProxy, tools: ToolExecutor | None,
+                  chat: ChatFormat, sampling: SamplingParams, group_id: str, sample_index: int) -> Trajectory: ...
+
+    def compaction_markers(self) -> tuple[str, str]: ...
+
+
+class HarnessFactory(Protocol):
+    def __call__(self, config: Any = ..., /) -> Harness: ...
 
 
 class Environment(Protocol):
@@ -65,8 +93,15 @@ class Environment(Protocol):
         """Release what the environment holds (sandbox backends, graders)."""
 
 
+class EnvironmentFactory(Protocol):
+    """Builds an :class:`Environment` from its declared config, the run's ``[sandbox]`` section and the
+    plugin manager."""
+
+    def __call__(self, config: Any, /, *, sandbox: Any = ..., pm: Any = ...) -> Environment: ...
+
+
 @hookspec
-def relayrl_rollout_engines() -> Iterable[Registration[Any]]:
+def relayrl_rollout_engines() -> Iterable[Registration[EngineFactory]]:
     """Inference engine backends, one :class:`Registration` per name.
 
     ``factory(model: str, **options)`` returns an engine serving the model directory ``model``:
@@ -82,7 +117,7 @@ def relayrl_rollout_engines() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_rollout_routers() -> Iterable[Registration[Any]]:
+def relayrl_rollout_routers() -> Iterable[Registration[RouterFactory]]:
     """Routers, one :class:`Registration` per name.
 
     ``factory(engines: list[InferenceEngine], **options)`` returns an ``InferenceEngine`` that
@@ -99,7 +134,7 @@ def relayrl_rollout_routers() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_rollout_harnesses() -> Iterable[Registration[Any]]:
+def relayrl_rollout_harnesses() -> Iterable[Registration[HarnessFactory]]:
     """Agent harnesses: how one task becomes one trajectory.
 
     ``factory(config)`` (a class with a ``Config`` section, like the engines' options) returns an
@@ -113,7 +148,7 @@ def relayrl_rollout_harnesses() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_rollout_environments() -> Iterable[Registration[Any]]:
+def relayrl_rollout_environments() -> Iterable[Registration[EnvironmentFactory]]:
     """Environments: where tasks come from, what tools an agent gets, and how answers are graded.
 
     ``factory(config, *, sandbox, pm)`` (``config``: the registration's declared ``config`` decoded

@@ -3,25 +3,31 @@ and the ``[sandbox]`` config section."""
 
 from __future__ import annotations
 
-from relayrl.core.plugins import Registration, hookimpl
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from relayrl.core.plugins import Registration, RelayrlPluginManager, hookimpl
+
+if TYPE_CHECKING:
+    from relayrl.sandbox.hookspecs import ExploitDetectorFactory, SandboxBackendFactory, TaskSourceFactory
 
 
 @hookimpl
-def relayrl_addhooks(pluginmanager):
+def relayrl_addhooks(pluginmanager: RelayrlPluginManager) -> None:
     from relayrl.sandbox import hookspecs
 
     pluginmanager.add_hookspecs(hookspecs)
 
 
 @hookimpl
-def relayrl_core_config_sections():
+def relayrl_core_config_sections() -> Iterator[Registration[Any]]:
     from relayrl.sandbox.config import SandboxSection
 
     yield Registration("sandbox", SandboxSection, "sandbox backend, limits, required isolation, tools, grading, detectors")
 
 
 @hookimpl
-def relayrl_sandbox_backends():
+def relayrl_sandbox_backends() -> Iterator[Registration[SandboxBackendFactory]]:
     from relayrl.sandbox.process import ProcessBackend
 
     yield Registration("process", ProcessBackend,
@@ -29,7 +35,7 @@ def relayrl_sandbox_backends():
 
 
 @hookimpl
-def relayrl_sandbox_exploit_detectors():
+def relayrl_sandbox_exploit_detectors() -> Iterator[Registration[ExploitDetectorFactory]]:
     from relayrl.sandbox import detectors
 
     for name, detector in detectors.BUILTIN.items():
@@ -37,8 +43,9 @@ def relayrl_sandbox_exploit_detectors():
 
 
 @hookimpl
-def relayrl_sandbox_task_sources():
-    from relayrl.sandbox.tasks import DirectorySource, JsonlSource
+def relayrl_sandbox_task_sources() -> Iterator[Registration[TaskSourceFactory]]:
+    # mypy resolves relayrl.sandbox.tasks to the shipped-task folder next to tasks.py (Python does not).
+    from relayrl.sandbox.tasks import DirectorySource, JsonlSource  # type: ignore[attr-defined,unused-ignore]
 
     yield Registration("jsonl", JsonlSource, "one TaskSpec JSON object per line; paths relative to the file",
                        capabilities={"detects"})

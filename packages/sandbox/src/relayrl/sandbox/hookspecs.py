@@ -7,13 +7,43 @@ All three are registration hooks: no arguments, called at start-up, they yield
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from relayrl.core.plugins import Registration, hookspec
 
+if TYPE_CHECKING:
+    from relayrl.core.wire import CheatingFlag, TaskSpec
+    from relayrl.sandbox.api import Limits, SandboxBackend
+    from relayrl.sandbox.detectors import DetectionContext
+
+
+class SandboxBackendFactory(Protocol):
+    """Opens a :class:`~relayrl.sandbox.api.SandboxBackend` (refusing, with ``SandboxUnavailable``, what the
+    host cannot provide)."""
+
+    def __call__(self, *, limits: Limits | None = ..., require: Iterable[str] = ..., network: str = ...,
+                 root: str | None = ..., hide_paths: Iterable[str] = ...) -> SandboxBackend: ...
+
+
+class ExploitDetector(Protocol):
+    """Flags cheating in one graded answer (any flag makes the reward 0)."""
+
+    def __call__(self, context: DetectionContext) -> list[CheatingFlag]: ...
+
+
+class ExploitDetectorFactory(Protocol):
+    def __call__(self) -> ExploitDetector: ...
+
+
+class TaskSourceFactory(Protocol):
+    """Reads the tasks at ``location`` (capability ``detects``: it also has ``accepts(location)``)."""
+
+    def __call__(self, location: str | Path, /) -> Iterable[TaskSpec]: ...
+
 
 @hookspec
-def relayrl_sandbox_backends() -> Iterable[Registration[Any]]:
+def relayrl_sandbox_backends() -> Iterable[Registration[SandboxBackendFactory]]:
     """Sandbox backends, selected by ``[sandbox] backend = NAME``.
 
     ``factory(*, limits: Limits, require: Iterable[str], network: str, root: str | None, hide_paths: list[str])`` returns a
@@ -29,7 +59,7 @@ def relayrl_sandbox_backends() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_sandbox_exploit_detectors() -> Iterable[Registration[Any]]:
+def relayrl_sandbox_exploit_detectors() -> Iterable[Registration[ExploitDetectorFactory]]:
     """Exploit detectors, enabled by name in ``[sandbox] detectors``.
 
     ``factory()`` returns a callable ``detect(context: DetectionContext) -> list[CheatingFlag]``
@@ -41,7 +71,7 @@ def relayrl_sandbox_exploit_detectors() -> Iterable[Registration[Any]]:
 
 
 @hookspec
-def relayrl_sandbox_task_sources() -> Iterable[Registration[Any]]:
+def relayrl_sandbox_task_sources() -> Iterable[Registration[TaskSourceFactory]]:
     """Task sources, selected by ``[sandbox] task_source`` or guessed from a location.
 
     ``factory(location: str)`` returns an iterable of :class:`relayrl.core.wire.TaskSpec` whose

@@ -1,15 +1,53 @@
-"""Hook specifications owned by relayrl-trainer (documented in ``docs/plugins.md``)."""
+"""Hook specifications owned by relayrl-trainer (documented in ``docs/plugins.md``), and the
+:class:`TrainerBackend` contract next to the hook."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relayrl.core.plugins import Registration, hookspec
 
+if TYPE_CHECKING:
+    import torch
+
+    from relayrl.algo.config import AlgoSection
+    from relayrl.core.wire import Group
+    from relayrl.trainer.config import TrainerSection
+
+
+class TrainerBackend(Protocol):
+    """What a trainer backend's factory returns (the built-in :class:`~relayrl.trainer.torch_backend.TorchTrainer`)."""
+
+    version: int
+    """The policy version of its weights (one more per optimiser step)."""
+    model: torch.nn.Module
+    optimizer: Any
+    """A torch optimizer, or several behind one interface (Muon for matrices, AdamW for the rest)."""
+
+    def step(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
+        """One optimiser step over a batch of scored groups; its metrics."""
+
+    def accumulate_gradients(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None
+                             ) -> dict[str, float]:
+        """The batch's gradients, accumulated without stepping (the supervised warm-up and tests)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """Its checkpoint (this rank's shard when data-parallel)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def named_full_state(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The whole model's state dict, tensor by tensor, for publishing (all ranks iterate together)."""
+
+
+class TrainerBackendFactory(Protocol):
+    def __call__(self, model: torch.nn.Module, *, algo: AlgoSection, config: TrainerSection, version: int,
+                 pm: Any, run_config: Any = ...) -> TrainerBackend: ...
+
 
 @hookspec
-def relayrl_trainer_backends() -> Iterable[Registration[Any]]:
+def relayrl_trainer_backends() -> Iterable[Registration[TrainerBackendFactory]]:
     """Trainer backends, selected by ``[trainer] backend``.
 
     ``factory(model, *, algo, config, version, pm, run_config=None)`` returns a trainer with ``step(groups, *, weights=None)

@@ -6,16 +6,23 @@ Storage backends are relayrl-core's ``relayrl_core_stores``; this package adds o
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relayrl.core.plugins import hookspec
 
 if TYPE_CHECKING:
     from relayrl.core.plugins import Registration
+    from relayrl.weight_sync.codecs import Codec
+
+
+class CodecFactory(Protocol):
+    """Builds a :class:`~relayrl.weight_sync.codecs.Codec` (it may ignore options it has no use for)."""
+
+    def __call__(self, **options: Any) -> Codec: ...
 
 
 @hookspec
-def relayrl_weight_sync_codecs() -> Iterable[Registration[Any]]:
+def relayrl_weight_sync_codecs() -> Iterable[Registration[CodecFactory]]:
     """Tensor codecs for weight versions, one :class:`Registration` per codec name.
 
     ``name`` is what manifests record in ``TensorEntry.codec`` and what ``[weight_sync]
