@@ -65,7 +65,7 @@ def main() -> None:
     import torch
 
     from relayrl.algo.config import AlgoSection
-    from relayrl.algo.optim import OptimizerConfig
+    from relayrl.algo.optim import OptimizerSection
     from relayrl.core.store import open_store
     from relayrl.fault_tolerance.checkpoint import AsyncCheckpointer, CheckpointStore
     from relayrl.fault_tolerance.faults import delete_node_dir
@@ -76,7 +76,7 @@ def main() -> None:
     width, layers, length, steps = (64, 2, 32, 3) if args.quick else (512, 6, 256, 6)
     model = build(width, layers)
     parameters = sum(p.numel() for p in model.parameters())
-    trainer = TorchTrainer(model, algo=AlgoSection(optimizer=OptimizerConfig(lr=1e-4)))
+    trainer = TorchTrainer(model, algo=AlgoSection(optimizer=OptimizerSection(lr=1e-4)))
     batch = groups(length)
     with tempfile.TemporaryDirectory() as temp, PeerServer(Path(temp) / "peer") as peer:
         node = Path(temp) / "node"

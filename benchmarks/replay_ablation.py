@@ -32,8 +32,8 @@ from pathlib import Path
 import msgspec
 import torch
 
-from relayrl.algo.config import AlgoSection, SamplingConfig
-from relayrl.algo.optim import OptimizerConfig
+from relayrl.algo.config import AlgoSection, SamplingSection
+from relayrl.algo.optim import OptimizerSection
 from relayrl.core.arrays import pack_u32
 from relayrl.core.wire import Group, Trajectory, TrajectorySegment, Turn
 from relayrl.rollout.chat import CharTokenizer, RawChatFormat
@@ -67,7 +67,7 @@ async def run_variant(name: str, model, chat, steps: int, prompts: int, group: i
     torch.manual_seed(1)
     policy = copy.deepcopy(model)
     engine = TorchEngine(copy.deepcopy(model).eval(), max_batch=prompts * group, version=1, seed=1)
-    algo = AlgoSection(sampling=SamplingConfig(top_p=top_p), optimizer=OptimizerConfig(lr=3e-4, muon=True))
+    algo = AlgoSection(sampling=SamplingSection(top_p=top_p), optimizer=OptimizerSection(lr=3e-4, muon=True))
     trainer = TorchTrainer(policy, algo=algo, config=TrainerSection(entropy_coef=0.01), version=1)
     end = chat.stop_token_ids()
     params = SamplingParams(max_tokens=8, temperature=1.0, top_p=top_p, stop_token_ids=end)

@@ -26,8 +26,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import best_time
 
-from relayrl.algo.config import AlgoSection, SamplingConfig
-from relayrl.algo.optim import OptimizerConfig, build_optimizer
+from relayrl.algo.config import AlgoSection, SamplingSection
+from relayrl.algo.optim import OptimizerSection, build_optimizer
 from relayrl.core.arrays import pack_u32
 from relayrl.core.wire import GeneratedSpan, Group, Trajectory, TrajectorySegment, Turn
 from relayrl.trainer.config import TrainerSection
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         vocab, hidden, layers, groups, size, prompt, generated, kept, repeats = 8192, 256, 4, 8, 8, 128, 384, 16, 5
     model = make_model(vocab, hidden, layers)
     batch = make_groups(groups, size, prompt, generated, vocab, kept)
-    algo = AlgoSection(sampling=SamplingConfig(top_p=0.95), optimizer=OptimizerConfig(lr=1e-5, muon=True))
+    algo = AlgoSection(sampling=SamplingSection(top_p=0.95), optimizer=OptimizerSection(lr=1e-5, muon=True))
     config = TrainerSection(micro_batch_tokens=10**9)  # one micro-batch, as the hand-written loop
 
     # Correctness first: the same loss and the same gradients.

@@ -46,7 +46,7 @@ def test_options_reach_the_built_objects():
 
 
 def test_sampling_section_maps_to_sampler_arguments():
-    from relayrl.algo.config import SamplingConfig
+    from relayrl.algo.config import SamplingSection
 
-    assert SamplingConfig().sampler_kwargs() == {"temperature": 1.0, "top_p": 0.95, "top_k": 0, "max_kept": 1024}
-    assert SamplingConfig(max_kept=0).sampler_kwargs()["max_kept"] is None
+    assert SamplingSection().sampler_kwargs() == {"temperature": 1.0, "top_p": 0.95, "top_k": 0, "max_kept": 1024}
+    assert SamplingSection(max_kept=0).sampler_kwargs()["max_kept"] is None

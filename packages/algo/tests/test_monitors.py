@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.algo.monitors import (
-    AlarmConfig,
+    AlarmSection,
     EWMAAlarm,
     MonitorSet,
     PhraseMonitor,
@@ -16,7 +16,7 @@ from relayrl.core.wire import GeneratedSpan, ToolCall, Trajectory, TrajectorySeg
 
 
 def test_ewma_updates_by_hand():
-    rule = EWMAAlarm(AlarmConfig(alpha=0.5, warmup=0, threshold=100.0))
+    rule = EWMAAlarm(AlarmSection(alpha=0.5, warmup=0, threshold=100.0))
     rule.update(1.0)
     assert (rule.mean, rule.variance) == (1.0, 0.0)
     rule.update(3.0)  # delta 2: mean 1 + 0.5 * 2 = 2; variance (1 - 0.5) * (0 + 0.5 * 4) = 1
@@ -26,7 +26,7 @@ def test_ewma_updates_by_hand():
 
 
 def test_alarm_fires_on_a_drop_after_warmup_only_in_the_watched_direction():
-    config = AlarmConfig(alpha=0.1, threshold=4.0, warmup=10, min_std=1e-3)
+    config = AlarmSection(alpha=0.1, threshold=4.0, warmup=10, min_std=1e-3)
 
     def declining_monitor():
         monitor = SeriesMonitor("entropy", "entropy/token_mean", "down", config)
@@ -44,7 +44,7 @@ def test_alarm_fires_on_a_drop_after_warmup_only_in_the_watched_direction():
 
 
 def test_a_steady_series_needs_a_material_change_to_alarm():
-    config = AlarmConfig(alpha=0.1, threshold=4.0, warmup=5, min_std=1e-3, min_relative_change=0.1)
+    config = AlarmSection(alpha=0.1, threshold=4.0, warmup=5, min_std=1e-3, min_relative_change=0.1)
     rule = EWMAAlarm(config)
     for _ in range(20):
         rule.update(6.0)  # response length of a converged policy: flat
@@ -55,11 +55,11 @@ def test_a_steady_series_needs_a_material_change_to_alarm():
 
 
 def test_no_alarm_during_warmup_and_state_round_trip():
-    monitor = SeriesMonitor("kl", "mismatch/kl_k3", "up", AlarmConfig(warmup=5))
+    monitor = SeriesMonitor("kl", "mismatch/kl_k3", "up", AlarmSection(warmup=5))
     assert monitor.observe(0, {"mismatch/kl_k3": 0.001})[1] == []
     assert monitor.observe(1, {"mismatch/kl_k3": 10.0})[1] == []
     state = monitor.state()
-    other = SeriesMonitor("kl", "mismatch/kl_k3", "up", AlarmConfig(warmup=5))
+    other = SeriesMonitor("kl", "mismatch/kl_k3", "up", AlarmSection(warmup=5))
     other.restore(state)
     assert other.rule.state() == monitor.rule.state()
 
@@ -77,7 +77,7 @@ def test_default_not_okay_phrase(text, matches):
 
 
 def test_phrase_ratio_rising_raises_an_alarm():
-    monitor = PhraseMonitor(alarm=AlarmConfig(warmup=5, threshold=3.0, min_std=0.02))
+    monitor = PhraseMonitor(alarm=AlarmSection(warmup=5, threshold=3.0, min_std=0.02))
     calm = ["Okay, let me read the file."] * 9 + ["okay okay I mean"]
     for step in range(10):
         metrics, alarms = monitor.observe(step, {}, calm)
@@ -87,8 +87,8 @@ def test_phrase_ratio_rising_raises_an_alarm():
 
 
 def test_monitor_set_runs_phrase_monitors_before_series_watching_them():
-    phrases = PhraseMonitor(alarm=AlarmConfig(warmup=100))
-    watcher = SeriesMonitor("watch", "phrase/not_okay", "up", AlarmConfig(warmup=0, threshold=0.5, min_std=0.01))
+    phrases = PhraseMonitor(alarm=AlarmSection(warmup=100))
+    watcher = SeriesMonitor("watch", "phrase/not_okay", "up", AlarmSection(warmup=0, threshold=0.5, min_std=0.01))
     monitor_set = MonitorSet([watcher, phrases])
     added, _ = monitor_set.observe(0, {}, ["fine"])
     assert added == {"phrase/not_okay": 0.0}

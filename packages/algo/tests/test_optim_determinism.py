@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from relayrl.algo.determinism import enable_determinism, rng_state, set_rng_state
-from relayrl.algo.optim import OptimizerConfig, build_optimizer, muon_available
+from relayrl.algo.optim import OptimizerSection, build_optimizer, muon_available
 
 
 class TinyLM(torch.nn.Module):
@@ -29,26 +29,26 @@ class TinyLM(torch.nn.Module):
 @pytest.mark.skipif(not muon_available(), reason="this torch has no torch.optim.Muon")
 def test_split_by_name_and_shape():
     model = TinyLM()
-    optimizer, report = build_optimizer(model, OptimizerConfig(lr=1e-3))
+    optimizer, report = build_optimizer(model, OptimizerSection(lr=1e-3))
     assert [name for name, _ in report.muon] == ["layers.0.weight", "layers.1.weight"]
     assert [name for name, _ in report.adamw] == ["embed_tokens.weight", "layers.0.bias", "layers.1.bias",
                                                   "norm.weight", "norm.bias"]  # the tied head appears once
     assert report.numel("muon") == 2 * 16 * 16
     assert set(optimizer.optimizers) == {"muon", "adamw"}
     assert "Muon: 2 tensors, 512 parameters" in report.summary()
-    patterns = OptimizerConfig(adamw_patterns=[*OptimizerConfig().adamw_patterns, r"layers\.1\."])
+    patterns = OptimizerSection(adamw_patterns=[*OptimizerSection().adamw_patterns, r"layers\.1\."])
     assert [name for name, _ in build_optimizer(model, patterns)[1].muon] == ["layers.0.weight"]
 
 
 def test_muon_off_puts_everything_on_adamw():
-    _, report = build_optimizer(TinyLM(), OptimizerConfig(muon=False))
+    _, report = build_optimizer(TinyLM(), OptimizerSection(muon=False))
     assert report.muon == [] and len(report.adamw) == 7
 
 
 def train_step(seed: int) -> dict[str, torch.Tensor]:
     enable_determinism(seed, num_threads=1)
     model = TinyLM()
-    optimizer, _ = build_optimizer(model, OptimizerConfig(lr=1e-2))
+    optimizer, _ = build_optimizer(model, OptimizerSection(lr=1e-2))
     tokens = torch.randint(0, 32, (4, 12))
     for _ in range(2):
         logits = model(tokens[:, :-1])
@@ -79,11 +79,11 @@ def test_rng_state_round_trip():
 
 def test_optimizer_state_round_trip():
     model = TinyLM()
-    optimizer, _ = build_optimizer(model, OptimizerConfig(lr=1e-2))
+    optimizer, _ = build_optimizer(model, OptimizerSection(lr=1e-2))
     model(torch.randint(0, 32, (2, 5))).sum().backward()
     optimizer.step()
     state = optimizer.state_dict()
-    again, _ = build_optimizer(model, OptimizerConfig(lr=1e-2))
+    again, _ = build_optimizer(model, OptimizerSection(lr=1e-2))
     again.load_state_dict(state)
     with pytest.raises(ValueError, match="optimizer state has"):
         again.load_state_dict({"adamw": state["adamw"]})

@@ -16,7 +16,7 @@ import torch
 
 from relayrl.algo.config import AlgoSection
 from relayrl.algo.determinism import enable_determinism
-from relayrl.algo.optim import OptimizerConfig
+from relayrl.algo.optim import OptimizerSection
 from relayrl.core.arrays import pack_u32
 from relayrl.core.store import open_store
 from relayrl.core.wire import GeneratedSpan, Group, Trajectory, TrajectorySegment, Turn
@@ -46,7 +46,7 @@ def batch(step: int) -> list[Group]:
 
 
 def make_trainer() -> TorchTrainer:
-    algo = AlgoSection(optimizer=OptimizerConfig(lr=1e-2, muon=False))
+    algo = AlgoSection(optimizer=OptimizerSection(lr=1e-2, muon=False))
     # Small micro-batches: every replica has several of the batch's sequences to process.
     return TorchTrainer(tiny_llama(seed=0), algo=algo, config=TrainerSection(micro_batch_tokens=40), version=1)
 

@@ -15,7 +15,7 @@ import torch
 
 from relayrl.algo.config import AlgoSection
 from relayrl.algo.determinism import enable_determinism, rng_state, set_rng_state
-from relayrl.algo.optim import OptimizerConfig
+from relayrl.algo.optim import OptimizerSection
 from relayrl.core.arrays import pack_u32
 from relayrl.core.store import open_store
 from relayrl.core.wire import GeneratedSpan, Group, Trajectory, TrajectorySegment, Turn
@@ -45,7 +45,7 @@ def batch_from_global_rng(step: int) -> list[Group]:
 
 def main(node_dir: str, peer_url: str, steps: int, out: str) -> None:
     enable_determinism(0, num_threads=1)
-    trainer = TorchTrainer(tiny_llama(seed=0), algo=AlgoSection(optimizer=OptimizerConfig(lr=1e-2)))
+    trainer = TorchTrainer(tiny_llama(seed=0), algo=AlgoSection(optimizer=OptimizerSection(lr=1e-2)))
     checkpointer = AsyncCheckpointer(open_store(node_dir), peers=[open_store(peer_url)] if peer_url != "-" else [])
     start = 0
     recovered = recover(checkpointer.local, checkpointer.peers)

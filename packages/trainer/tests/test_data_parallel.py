@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from relayrl.algo.config import AlgoSection
-from relayrl.algo.optim import OptimizerConfig
+from relayrl.algo.optim import OptimizerSection
 from relayrl.rollout.testing.groups import generate_groups
 from relayrl.rollout.testing.models import tiny_llama
 from relayrl.trainer.config import TrainerSection
@@ -49,7 +49,7 @@ def test_ranks_train_the_batch_as_one_process_does(tmp_path, world, mode):
     # AdamW with eps = 1 is momentum SGD: the optimiser passes the gradient's small reduction-order
     # differences through instead of amplifying them (Adam's g / sqrt(v) on tiny gradients, Muon's
     # Newton-Schulz iterations), so the comparison can be tight.
-    algo = AlgoSection(optimizer=OptimizerConfig(lr=1.0, eps=1.0, muon=False))
+    algo = AlgoSection(optimizer=OptimizerSection(lr=1.0, eps=1.0, muon=False))
     config = TrainerSection(micro_batch_tokens=48)
     source, target = tmp_path / "input.pt", tmp_path / "output.pt"
     torch.save({"model": copy.deepcopy(model), "algo": algo, "config": config,

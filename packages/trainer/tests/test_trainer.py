@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from relayrl.algo.config import AlgoSection
-from relayrl.algo.optim import OptimizerConfig
+from relayrl.algo.optim import OptimizerSection
 from relayrl.rollout.testing.groups import generate_groups
 from relayrl.rollout.testing.models import tiny_llama
 from relayrl.trainer.batch import build_sequences
@@ -17,7 +17,7 @@ from relayrl.trainer.torch_backend import TorchTrainer
 
 
 def algo(**overrides) -> AlgoSection:
-    return AlgoSection(optimizer=OptimizerConfig(lr=1e-2), **overrides)
+    return AlgoSection(optimizer=OptimizerSection(lr=1e-2), **overrides)
 
 
 def test_trainer_replay_matches_the_engine_that_generated_the_batch():

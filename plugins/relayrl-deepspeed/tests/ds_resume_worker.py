@@ -41,7 +41,7 @@ def batch(step: int):
 def main(stage: int, node_dir: str, peer_url: str, steps: int, out: str) -> None:
     from relayrl.algo.config import AlgoSection
     from relayrl.algo.determinism import enable_determinism
-    from relayrl.algo.optim import OptimizerConfig
+    from relayrl.algo.optim import OptimizerSection
     from relayrl.core.store import open_store
     from relayrl.fault_tolerance.checkpoint import AsyncCheckpointer
     from relayrl.fault_tolerance.recovery import recover
@@ -51,7 +51,7 @@ def main(stage: int, node_dir: str, peer_url: str, steps: int, out: str) -> None
     from relayrl_deepspeed.config import DeepSpeedSection
 
     enable_determinism(0, num_threads=1)
-    trainer = DeepSpeedTrainer(tiny_llama(seed=5), algo=AlgoSection(optimizer=OptimizerConfig(lr=1e-2, muon=False)),
+    trainer = DeepSpeedTrainer(tiny_llama(seed=5), algo=AlgoSection(optimizer=OptimizerSection(lr=1e-2, muon=False)),
                                config=TrainerSection(micro_batch_tokens=48),
                                deepspeed=DeepSpeedSection(zero_stage=stage, bf16=False, muon=False))
     rank, world = dist.get_rank(), dist.get_world_size()

@@ -50,7 +50,7 @@ def groups_for(model):
 
 def check(stage: int, bf16: bool, muon: bool, out: str) -> None:
     from relayrl.algo.config import AlgoSection
-    from relayrl.algo.optim import OptimizerConfig
+    from relayrl.algo.optim import OptimizerSection
     from relayrl.rollout.testing.models import tiny_llama
     from relayrl.trainer.config import TrainerSection
     from relayrl.trainer.torch_backend import TorchTrainer
@@ -61,7 +61,7 @@ def check(stage: int, bf16: bool, muon: bool, out: str) -> None:
     model = tiny_llama(seed=5)
     reference_model = copy.deepcopy(model)
     groups = groups_for(model)
-    algo = AlgoSection(optimizer=OptimizerConfig(lr=1e-3))
+    algo = AlgoSection(optimizer=OptimizerSection(lr=1e-3))
     trainer_config = TrainerSection(micro_batch_tokens=48)  # several micro-batches per rank
     trainer = DeepSpeedTrainer(model, algo=algo, config=trainer_config,
                                deepspeed=DeepSpeedSection(zero_stage=stage, bf16=bf16, muon=muon))

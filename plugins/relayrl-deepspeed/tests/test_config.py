@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.algo.config import AlgoSection
-from relayrl.algo.optim import OptimizerConfig
+from relayrl.algo.optim import OptimizerSection
 from relayrl.core.config import ConfigError, load_config
 from relayrl.trainer.config import TrainerSection
 from relayrl_deepspeed.backend import deepspeed_config
@@ -13,7 +13,7 @@ from relayrl_deepspeed.config import DeepSpeedSection
 
 
 def test_muon_zero3_config():
-    config = deepspeed_config(AlgoSection(optimizer=OptimizerConfig(lr=2e-6, muon_lr=0.02)), TrainerSection(grad_clip=0.5),
+    config = deepspeed_config(AlgoSection(optimizer=OptimizerSection(lr=2e-6, muon_lr=0.02)), TrainerSection(grad_clip=0.5),
                               DeepSpeedSection(zero_stage=3, offload_optimizer=True), use_muon=True)
     assert config["optimizer"]["type"] == "Muon"
     assert config["optimizer"]["params"]["muon_lr"] == 0.02 and config["optimizer"]["params"]["adam_lr"] == 2e-6

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from relayrl.core.plugins import Registration, RelayrlPluginManager, hookimpl
 
 if TYPE_CHECKING:
-    from relayrl.algo.config import MonitorsConfig
+    from relayrl.algo.config import MonitorsSection
     from relayrl.algo.hookspecs import (
         AdvantageEstimatorFactory,
         LossFactory,
@@ -71,7 +71,7 @@ def relayrl_algo_reward_shapers() -> Iterator[Registration[RewardShaperFactory]]
 
 
 def _series(name: str, metric: str, direction: Literal["up", "down", "both"]) -> MonitorFactory:
-    def factory(config: MonitorsConfig, /) -> Monitor:
+    def factory(config: MonitorsSection, /) -> Monitor:
         from relayrl.algo.monitors import SeriesMonitor
 
         return SeriesMonitor(name, metric, direction, config.alarm)
@@ -90,7 +90,7 @@ def relayrl_algo_monitors() -> Iterator[Registration[MonitorFactory]]:
     yield Registration("tool-calls", _series("tool-calls", "response/tool_calls_per_turn", "both"),
                        "alarm on a sudden change of tool calls per turn")
 
-    def phrases(config: MonitorsConfig, /) -> Monitor:
+    def phrases(config: MonitorsSection, /) -> Monitor:
         from relayrl.algo.monitors import PhraseMonitor
 
         return PhraseMonitor("phrases", config.phrases, config.alarm)

@@ -25,17 +25,17 @@ from typing import Any
 
 import msgspec
 
-from relayrl.algo.monitors import DEFAULT_PHRASES, AlarmConfig, MonitorSet
-from relayrl.algo.optim import OptimizerConfig
+from relayrl.algo.monitors import DEFAULT_PHRASES, AlarmSection, MonitorSet
+from relayrl.algo.optim import OptimizerSection
 from relayrl.core.config import ConfigError, Section, resolve_plugin
 from relayrl.core.errors import PluginError
 from relayrl.core.plugins import Registration, lookup, registrations
 
-__all__ = ["AlgoSection", "MonitorsConfig", "SamplingConfig", "advantage_estimators", "build", "build_monitors",
+__all__ = ["AlgoSection", "MonitorsSection", "SamplingSection", "advantage_estimators", "build", "build_monitors",
            "build_reward_shapers", "losses", "mismatch_corrections", "monitors", "reward_shapers"]
 
 
-class SamplingConfig(Section, kw_only=True):
+class SamplingSection(Section, kw_only=True):
     """``[algo.sampling]``: how rollouts sample (recorded kept-sets make the trainer replay it)."""
 
     temperature: float = 1.0
@@ -62,12 +62,12 @@ class SamplingConfig(Section, kw_only=True):
                 "max_kept": self.max_kept or None}
 
 
-class MonitorsConfig(Section, kw_only=True):
+class MonitorsSection(Section, kw_only=True):
     """``[algo.monitors]``."""
 
     enabled: list[str] = msgspec.field(default_factory=lambda: [
         "entropy", "mismatch-kl", "clip-fraction", "response-length", "turns", "tool-calls", "phrases"])
-    alarm: AlarmConfig = AlarmConfig()
+    alarm: AlarmSection = AlarmSection()
     phrases: dict[str, str] = msgspec.field(default_factory=lambda: dict(DEFAULT_PHRASES))
     """Name -> regular expression (case-insensitive) over decoded model text; ratio per step."""
 
@@ -83,9 +83,9 @@ class AlgoSection(Section, kw_only=True):
     correction_options: dict[str, Any] = {}
     reward_shapers: dict[str, dict[str, Any]] = {}
     """Shaper name -> options, applied in file order."""
-    sampling: SamplingConfig = SamplingConfig()
-    optimizer: OptimizerConfig = OptimizerConfig()
-    monitors: MonitorsConfig = MonitorsConfig()
+    sampling: SamplingSection = SamplingSection()
+    optimizer: OptimizerSection = OptimizerSection()
+    monitors: MonitorsSection = MonitorsSection()
 
     def check(self, pm: Any, path: str) -> None:
         self.sampling.check(pm, f"{path}.sampling")

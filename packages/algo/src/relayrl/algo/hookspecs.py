@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import torch
 
     from relayrl.algo.advantages import AdvantageResult
-    from relayrl.algo.config import MonitorsConfig
+    from relayrl.algo.config import MonitorsSection
     from relayrl.algo.correction import CorrectionResult, MismatchInputs
     from relayrl.algo.losses import Loss
     from relayrl.algo.monitors import Alarm
@@ -76,7 +76,7 @@ class Monitor(Protocol):
 
 
 class MonitorFactory(Protocol):
-    def __call__(self, config: MonitorsConfig, /) -> Monitor: ...
+    def __call__(self, config: MonitorsSection, /) -> Monitor: ...
 
 
 @hookspec
@@ -127,7 +127,7 @@ def relayrl_algo_reward_shapers() -> Iterable[Registration[RewardShaperFactory]]
 def relayrl_algo_monitors() -> Iterable[Registration[MonitorFactory]]:
     """Health monitors, enabled by name in ``[algo.monitors] enabled``.
 
-    ``factory(config: MonitorsConfig)`` returns an object with ``observe(step, metrics, texts) ->
+    ``factory(config: MonitorsSection)`` returns an object with ``observe(step, metrics, texts) ->
     (new_metrics, alarms)``, ``state()`` and ``restore(state)``. Built in: ``entropy``,
     ``mismatch-kl``, ``clip-fraction``, ``response-length``, ``turns``, ``tool-calls``, ``phrases``.
     """

@@ -53,7 +53,7 @@ class Alarm:
     message: str
 
 
-class AlarmConfig(Section, kw_only=True):
+class AlarmSection(Section, kw_only=True):
     alpha: float = 0.1
     """EWMA rate: weight of the newest value in the running mean and variance."""
     threshold: float = 4.0
@@ -70,8 +70,8 @@ class AlarmConfig(Section, kw_only=True):
 class EWMAAlarm:
     """EWMA mean/variance of a series and the z-score rule; checkpointable via ``state``."""
 
-    def __init__(self, config: AlarmConfig | None = None, direction: Direction = "both") -> None:
-        self.config = config or AlarmConfig()
+    def __init__(self, config: AlarmSection | None = None, direction: Direction = "both") -> None:
+        self.config = config or AlarmSection()
         self.direction = direction
         self.count = 0
         self.mean = 0.0
@@ -108,7 +108,7 @@ class EWMAAlarm:
 class SeriesMonitor:
     """Watches one metric (e.g. ``entropy/token_mean``) for drift in a direction."""
 
-    def __init__(self, name: str, metric: str, direction: Direction, alarm: AlarmConfig | None = None) -> None:
+    def __init__(self, name: str, metric: str, direction: Direction, alarm: AlarmSection | None = None) -> None:
         self.name = name
         self.metric = metric
         self.rule = EWMAAlarm(alarm, direction)
@@ -138,7 +138,7 @@ class PhraseMonitor:
     """
 
     def __init__(self, name: str = "phrases", patterns: dict[str, str] | None = None,
-                 alarm: AlarmConfig | None = None) -> None:
+                 alarm: AlarmSection | None = None) -> None:
         self.name = name
         self.patterns = {key: re.compile(value, re.IGNORECASE) for key, value in (patterns or DEFAULT_PHRASES).items()}
         self.rules = {key: EWMAAlarm(alarm, "up") for key in self.patterns}

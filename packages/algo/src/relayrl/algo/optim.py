@@ -10,7 +10,7 @@ goes to AdamW and the report says so.
 
 Example::
 
-    optimizer, report = build_optimizer(model, OptimizerConfig(lr=1e-6))
+    optimizer, report = build_optimizer(model, OptimizerSection(lr=1e-6))
     print(report.summary())
     optimizer.step(); optimizer.zero_grad()
 """
@@ -27,8 +27,14 @@ import torch
 
 from relayrl.core.config import ConfigError, Section
 
-__all__ = ["CombinedOptimizer", "OptimizerConfig", "OptimizerReport", "build_optimizer", "muon_available",
-           "partition_parameters"]
+__all__ = [
+    "CombinedOptimizer",
+    "OptimizerReport",
+    "OptimizerSection",
+    "build_optimizer",
+    "muon_available",
+    "partition_parameters",
+]
 
 DEFAULT_ADAMW_PATTERNS = (r"embed", r"lm_head", r"(^|\.)wte\.", r"(^|\.)wpe\.", r"norm", r"(^|\.)ln_", r"\.bias$")
 
@@ -37,7 +43,7 @@ def muon_available() -> bool:
     return hasattr(torch.optim, "Muon")
 
 
-class OptimizerConfig(Section, kw_only=True):
+class OptimizerSection(Section, kw_only=True):
     """``[algo.optimizer]``."""
 
     muon: bool = True
@@ -128,14 +134,14 @@ class CombinedOptimizer:
             optimizer.load_state_dict(state[name])
 
 
-def partition_parameters(model: torch.nn.Module, config: OptimizerConfig | None = None
+def partition_parameters(model: torch.nn.Module, config: OptimizerSection | None = None
                          ) -> tuple[list[tuple[str, torch.nn.Parameter]], list[tuple[str, torch.nn.Parameter]]]:
     """``(muon, adamw)`` lists of ``(name, parameter)``: the split every backend applies.
 
     Muon takes trainable 2-D parameters whose names match none of ``adamw_patterns`` (when Muon is
     enabled and available); AdamW takes everything else. Tied parameters appear once.
     """
-    config = config or OptimizerConfig()
+    config = config or OptimizerSection()
     patterns = [re.compile(pattern) for pattern in config.adamw_patterns]
     use_muon = config.muon and muon_available()
     muon_params: list[tuple[str, torch.nn.Parameter]] = []
@@ -148,10 +154,10 @@ def partition_parameters(model: torch.nn.Module, config: OptimizerConfig | None 
     return muon_params, adamw_params
 
 
-def build_optimizer(model: torch.nn.Module, config: OptimizerConfig | None = None
+def build_optimizer(model: torch.nn.Module, config: OptimizerSection | None = None
                     ) -> tuple[CombinedOptimizer, OptimizerReport]:
     """Split ``model``'s trainable parameters between Muon and AdamW and build both."""
-    config = config or OptimizerConfig()
+    config = config or OptimizerSection()
     muon_params, adamw_params = partition_parameters(model, config)
     optimizers: dict[str, torch.optim.Optimizer] = {}
     if muon_params:

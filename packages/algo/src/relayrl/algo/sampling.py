@@ -36,6 +36,8 @@ from collections.abc import Sequence
 
 import torch
 
+from relayrl.core.arrays import unpack_u32
+
 __all__ = ["KeptSets", "SampleResult", "full_entropy", "replay_logprobs", "sample_tokens", "truncate_logits"]
 
 
@@ -77,6 +79,14 @@ class KeptSets:
         return cls(offsets.to(device), ids.to(device))
 
     @classmethod
+    def from_packed(cls, offsets: bytes, ids: bytes, rows: int) -> KeptSets:
+        """From a span's packed uint32 CSR (``GeneratedSpan.kept_offsets`` / ``kept_ids``), one copy
+        each; empty ``offsets`` (a span without kept-sets) means ``rows`` rows of full vocabulary."""
+        if not offsets:
+            return cls(torch.zeros(rows + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
+        return cls(_u32_tensor(offsets), _u32_tensor(ids))
+
+    @classmethod
     def concat(cls, parts: Sequence[KeptSets]) -> KeptSets:
         """Stack kept-sets of consecutive row blocks into one."""
         if not parts:
@@ -89,6 +99,13 @@ class KeptSets:
             ids.append(part.ids[part.offsets[0]:part.offsets[-1]])
             base += int(part.offsets[-1] - part.offsets[0])
         return cls(torch.cat(offsets), torch.cat(ids))
+
+
+def _u32_tensor(packed: bytes) -> torch.Tensor:
+    """Little-endian uint32 bytes as an int64 tensor (uint32 first: an id >= 2**31 stays positive)."""
+    if not packed:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.frombuffer(unpack_u32(packed), dtype=torch.uint32).to(torch.int64)
 
 
 @dataclasses.dataclass(frozen=True)

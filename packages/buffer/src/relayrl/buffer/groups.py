@@ -12,13 +12,7 @@ from relayrl.core import wire
 
 def trajectory_tokens(trajectory: wire.Trajectory) -> int:
     """Tokens the trainer processes for ``trajectory``: context tokens plus generated tokens."""
-    total = 0
-    for segment in trajectory.segments:
-        for turn in segment.turns:
-            total += len(turn.tokens) // 4
-            if turn.generated is not None:
-                total += len(turn.generated)
-    return total
+    return sum(turn.num_tokens for segment in trajectory.segments for turn in segment.turns)
 
 
 def trajectory_duration_s(trajectory: wire.Trajectory) -> float:

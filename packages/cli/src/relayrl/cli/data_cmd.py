@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from relayrl.core.errors import RelayrlError
+from relayrl.core.plugins import get_plugin_manager
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -69,7 +70,6 @@ def _run_filter(args: argparse.Namespace) -> int:
     from relayrl.cli.evals.filter import histogram, parse_keep, task_rows, write_task_set
     from relayrl.cli.evals.model import resolve_model, with_weights
     from relayrl.cli.evals.runner import EvalOptions, run_eval
-    from relayrl.core.plugins import get_plugin_manager
 
     keep = parse_keep(args.keep)  # a bad condition fails before anything is evaluated
     name = Path(args.tasks).stem if Path(args.tasks).exists() else args.tasks

@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from relayrl.core import codec, wire
 from relayrl.core.errors import RelayrlError
+from relayrl.core.store import open_store
 
 __all__ = ["Report", "load_run", "write_report"]
 
@@ -45,9 +47,6 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def load_events(run_dir: Path) -> list[Any]:
     """The run's events from ``events/`` on the bus (an empty list when there are none)."""
-    from relayrl.core import codec, wire
-    from relayrl.core.store import open_store
-
     store = open_store(str(run_dir))
     events = []
     for key in store.list("events/"):
@@ -243,7 +242,6 @@ def _committed_groups(run_dir: str | Path) -> tuple[list[dict[str, Any]] | None,
     """Every group committed to the run's bus (``relayrl.cli.view.collect_groups``), read once for the
     tool table and the viewer; or None and why they could not be read."""
     from relayrl.cli.view import collect_groups
-    from relayrl.core.errors import RelayrlError
 
     try:
         return collect_groups(run_dir), ""
@@ -457,7 +455,6 @@ def _eval_plot(plt: Any, evaluations: list[dict[str, Any]], start_time: float, o
 def _viewer_link(run_dir: str | Path, out: Path, groups: list[dict[str, Any]] | None, unreadable: str) -> str:
     """Write the trajectory viewer beside the report and link it (or say in one line why not)."""
     from relayrl.cli.view import write_viewer
-    from relayrl.core.errors import RelayrlError
 
     if groups is None:
         return f"<p>No trajectory viewer: {html.escape(unreadable)}</p>"

@@ -192,6 +192,16 @@ class Turn(Wire, kw_only=True):
     def context_token_ids(self) -> Any:
         return unpack_u32(self.tokens)
 
+    @property
+    def num_context_tokens(self) -> int:
+        """How many context tokens :attr:`tokens` packs (without unpacking them)."""
+        return len(self.tokens) // 4
+
+    @property
+    def num_tokens(self) -> int:
+        """Context plus generated tokens: what the trainer processes for this message."""
+        return self.num_context_tokens + (len(self.generated) if self.generated is not None else 0)
+
 
 class TrajectorySegment(Wire, kw_only=True):
     """One context window of a trajectory; self-compaction starts a new segment."""

@@ -31,6 +31,7 @@ from typing import Protocol
 
 import msgspec
 
+from relayrl.core.arrays import pack_u32
 from relayrl.core.config import ConfigError, Section
 from relayrl.core.wire import TaskSpec, Timings, ToolCall, ToolResult, Trajectory, TrajectorySegment, Turn
 from relayrl.rollout.chat import ChatFormat, MalformedCall, format_tool_result, parse_tool_calls
@@ -67,7 +68,7 @@ class ToolExecutor(Protocol):
 
 
 class AgentConfig(Section, kw_only=True):
-    """``[rollout.agent]``: budgets, context and compaction of the coding agent."""
+    """``[rollout.harness_options]`` of ``harness = "coding-agent"``: budgets, context and compaction."""
 
     max_turns: int = 32
     max_total_tokens: int = 32768
@@ -296,6 +297,4 @@ def iter_segments(trajectory: Trajectory) -> Iterator[tuple[list[int], list[bool
 
 
 def _pack(tokens: Sequence[int]) -> bytes:
-    from relayrl.core.arrays import pack_u32
-
     return pack_u32(tokens)

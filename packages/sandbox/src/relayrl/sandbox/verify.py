@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from relayrl.core.config import load_config
+from relayrl.core.errors import RelayrlError
 from relayrl.core.wire import TaskSpec
 from relayrl.sandbox.config import SandboxSection, open_backend
 from relayrl.sandbox.grading import Grader
@@ -164,8 +166,6 @@ def run(args: argparse.Namespace, *, pm: Any = None) -> int:
     """Run the verification; exit status 0 when every task is fit, 1 otherwise."""
     section = SandboxSection()
     if args.config:
-        from relayrl.core.config import load_config
-
         section = load_config(args.config, pm=pm).sandbox
     tasks = load_tasks(args.tasks, source=args.source, pm=pm)
     grader = Grader(open_backend(args.backend, section=section, pm=pm), section=section, pm=pm)
@@ -178,8 +178,6 @@ def run(args: argparse.Namespace, *, pm: Any = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m relayrl.sandbox.verify TASKS [--out FILE]``; errors print as one line."""
-    from relayrl.core.errors import RelayrlError
-
     parser = argparse.ArgumentParser(prog="relayrl data verify", description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args(argv)

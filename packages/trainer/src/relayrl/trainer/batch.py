@@ -86,7 +86,7 @@ def build_sequences(groups: Sequence[Group]) -> SequenceBatch:
     """Lay out every segment of every trajectory of ``groups`` as a padded training sequence."""
     trajectories: list[Trajectory] = []
     group_index: list[int] = []
-    rows: list[tuple[int, list[int], list[int], list[float], list[int], list[list[int]]]] = []
+    rows: list[tuple[int, list[int], list[int], list[float], list[int], list[KeptSets]]] = []
     for g, group in enumerate(groups):
         for trajectory in group.trajectories:
             t = len(trajectories)
@@ -97,7 +97,7 @@ def build_sequences(groups: Sequence[Group]) -> SequenceBatch:
                 targets: list[int] = []
                 logprobs: list[float] = []
                 versions: list[int] = []
-                kept: list[list[int]] = []
+                kept: list[KeptSets] = []  # each span's packed CSR, concatenated once for the whole batch
                 for turn in segment.turns:
                     tokens += list(turn.context_token_ids())
                     span = turn.generated
@@ -108,7 +108,7 @@ def build_sequences(groups: Sequence[Group]) -> SequenceBatch:
                     targets += range(start, start + len(span))
                     logprobs += list(span.token_logprobs())
                     versions += span.token_versions()
-                    kept += [span.kept_set(i) for i in range(len(span))] if span.has_kept_sets else [[]] * len(span)
+                    kept.append(KeptSets.from_packed(span.kept_offsets, span.kept_ids, len(span)))
                 if targets:
                     if targets[0] == 0:
                         raise ValueError(f"trajectory {trajectory.trajectory_id}: a generated token at position 0 "
@@ -123,7 +123,7 @@ def build_sequences(groups: Sequence[Group]) -> SequenceBatch:
     target_mask = torch.zeros((count, width), dtype=torch.bool)
     behavior = torch.zeros((count, width), dtype=torch.float32)
     versions_t = torch.full((count, width), -1, dtype=torch.int64)
-    kept_rows: list[list[int]] = []
+    kept_parts: list[KeptSets] = []
     for row, (_, tokens, targets, logprobs, versions, kept) in enumerate(rows):
         input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.int64)
         attention[row, : len(tokens)] = 1
@@ -131,9 +131,9 @@ def build_sequences(groups: Sequence[Group]) -> SequenceBatch:
         target_mask[row, index] = True
         behavior[row, index] = torch.tensor(logprobs, dtype=torch.float32)
         versions_t[row, index] = torch.tensor(versions, dtype=torch.int64)
-        kept_rows += kept
+        kept_parts += kept
     return SequenceBatch(input_ids=input_ids, attention_mask=attention, target_mask=target_mask,
-                         behavior_logprobs=behavior, versions=versions_t, kept=KeptSets.from_rows(kept_rows),
+                         behavior_logprobs=behavior, versions=versions_t, kept=KeptSets.concat(kept_parts),
                          sequence_trajectory=torch.tensor([row[0] for row in rows], dtype=torch.int64),
                          trajectories=trajectories, group_ids=torch.tensor(group_index, dtype=torch.int64))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.errors import PluginError
+from relayrl.core.plugins import lookup
 
 __all__ = ["TrainerSection", "WarmupSection"]
 
@@ -86,9 +88,6 @@ class TrainerSection(Section, kw_only=True):
         self.warmup.check(pm, f"{path}.warmup")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"{path}.checkpoint_keep: must be at least 1")
-        from relayrl.core.errors import PluginError
-        from relayrl.core.plugins import lookup
-
         if self.ranks < 1:
             raise ConfigError(f"{path}.ranks: must be at least 1")
         try:

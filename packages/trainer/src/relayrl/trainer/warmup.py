@@ -84,10 +84,10 @@ def _warmup_optimizers(model: torch.nn.Module, section: WarmupSection) -> list[t
     """``(optimizer, base learning rate)`` pairs: AdamW alone, or Muon and AdamW split as in RL."""
     if not section.muon:
         return [(torch.optim.AdamW(model.parameters(), lr=section.lr), section.lr)]
-    from relayrl.algo.optim import OptimizerConfig, build_optimizer
+    from relayrl.algo.optim import OptimizerSection, build_optimizer
 
     muon_lr = section.muon_lr if section.muon_lr is not None else section.lr
-    combined, _ = build_optimizer(model, OptimizerConfig(muon=True, lr=section.lr, muon_lr=muon_lr))
+    combined, _ = build_optimizer(model, OptimizerSection(muon=True, lr=section.lr, muon_lr=muon_lr))
     return [(optimizer, muon_lr if name == "muon" else section.lr) for name, optimizer in combined.optimizers.items()]
 
 

@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from relayrl.core.plugins import Registration, registrations
+from relayrl.core.plugins import Registration, get_plugin_manager, registrations
 from relayrl.weight_sync.checksum import BLOCK_BYTES, block_hashes, digest, tensor_checksum
 from relayrl.weight_sync.errors import WeightSyncError
 from relayrl.weight_sync.parallel import ChunkPool, compressor, decompressor, scratch
@@ -392,8 +392,6 @@ def make_codec(name: str, *, pm: Any = None, **options: Any) -> Codec:
     Uses the built-in table when the plugin manager lacks the codec hook (the package imported from
     a source tree without its entry point installed).
     """
-    from relayrl.core.plugins import get_plugin_manager
-
     pm = get_plugin_manager() if pm is None else pm
     if getattr(pm.hook, "relayrl_weight_sync_codecs", None) is None:
         factories = {key: factory for key, (factory, _) in BUILTIN_CODECS.items()}

@@ -37,7 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from relayrl.core.errors import ChecksumMismatch, ObjectNotFound, StoreError, WireError
-from relayrl.core.store import Store
+from relayrl.core.store import Store, open_store
 from relayrl.core.wire import WeightManifest
 from relayrl.weight_sync import bits as tensor_bits
 from relayrl.weight_sync.checksum import tensor_checksum
@@ -190,8 +190,6 @@ class Controller:
         :class:`~relayrl.weight_sync.NodeMirror` fills, instead of ``store``.
         """
         if section.stage_url:
-            from relayrl.core.store import open_store
-
             store = open_store(section.stage_url)
         options: dict[str, Any] = dict(prefix=section.prefix, threads=section.threads,
                                        download_threads=section.upload_threads, apply_mode=section.apply_mode,

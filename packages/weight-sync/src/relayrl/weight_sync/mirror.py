@@ -15,7 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from relayrl.core.store import Store
+from relayrl.core.store import Store, open_store
 from relayrl.weight_sync.config import WeightSyncSection
 from relayrl.weight_sync.errors import WeightSyncError
 from relayrl.weight_sync.layout import WeightBus
@@ -47,8 +47,6 @@ class NodeMirror:
     @classmethod
     def from_config(cls, remote: Store, section: WeightSyncSection) -> NodeMirror:
         """The mirror of a ``[weight_sync]`` section: ``remote`` into ``stage_url``."""
-        from relayrl.core.store import open_store
-
         if not section.stage_url:
             raise WeightSyncError("weight_sync.stage_url: empty; set it to a node-local URL such as file:///dev/shm/run")
         return cls(remote, open_store(section.stage_url), prefix=section.prefix, threads=section.upload_threads)
@@ -103,8 +101,6 @@ def main(argv: list[str] | None = None) -> int:
     import contextlib
     import json
     import signal
-
-    from relayrl.core.store import open_store
 
     parser = argparse.ArgumentParser(description="Mirror weight versions from the bus to node-local storage.")
     parser.add_argument("remote", help="the bus, e.g. s3://bucket/run")

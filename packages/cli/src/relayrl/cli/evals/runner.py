@@ -31,6 +31,7 @@ import msgspec
 from relayrl.cli.evals.model import EvalModel, quiet_transformers
 from relayrl.core.config import Config, load_config
 from relayrl.core.errors import RelayrlError
+from relayrl.core.plugins import lookup, registrations
 from relayrl.core.wire import Group, TaskSpec
 
 __all__ = ["EvalOptions", "TaskSet", "resolve_tasks", "run_eval"]
@@ -72,7 +73,6 @@ def resolve_tasks(config: Config, spec: str, *, split: str = "auto", limit: int 
     the documented format (served by the ``code`` environment). ``sandbox``: the environment's
     ``[sandbox]`` section (default: the config's).
     """
-    from relayrl.core.plugins import registrations
     from relayrl.rollout.config import build_environment
     from relayrl.rollout.evaluation import split_tasks
 
@@ -189,7 +189,6 @@ def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: Any = Non
 
 async def _evaluate(model: EvalModel, config: Config, environment: Any, task_set: TaskSet, remaining: list[TaskSpec],
                     options: EvalOptions, out: Path, records_file: Any, pm: Any) -> None:
-    from relayrl.core.plugins import lookup
     from relayrl.rollout.config import build_harness, build_router
     from relayrl.rollout.evaluation import evaluate
     from relayrl.rollout.models import load_tokenizer, make_chat_format
