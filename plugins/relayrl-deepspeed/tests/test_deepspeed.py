@@ -75,19 +75,30 @@ def resume_run(node, peer, out, *, kill=None, steps=5, stage=3):
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=900)
 
 
+def failure(result: subprocess.CompletedProcess) -> str:
+    """What a failed torchrun printed, each rank's own last lines first (the tail alone is often just
+    the peer that saw the first one die)."""
+    ranks = {}
+    for line in result.stderr.splitlines():
+        if line.startswith("[rank") and "]:" in line:
+            ranks.setdefault(line.split("]:", 1)[0] + "]", []).append(line)
+    own = "\n".join(line for lines in ranks.values() for line in lines[-40:])
+    return f"{own}\n--- tail ---\n{result.stderr[-3000:]}"
+
+
 def test_zero3_rank_killed_mid_step_resumes_bitwise_from_shards_replicated_to_a_peer(tmp_path):
     from relayrl.fault_tolerance.faults import delete_node_dir
     from relayrl.fault_tolerance.peers import PeerServer
 
     clean = resume_run(tmp_path / "clean", "-", tmp_path / "clean.txt")
-    assert clean.returncode == 0, clean.stderr[-6000:]
+    assert clean.returncode == 0, failure(clean)
     expected = (tmp_path / "clean.txt").read_text().split()[0]
     with PeerServer(tmp_path / "peer") as peer:
         died = resume_run(tmp_path / "node", f"{peer.url}/node", tmp_path / "out.txt", kill="mid-step:3")
         assert died.returncode != 0 and not (tmp_path / "out.txt").exists()
         delete_node_dir(tmp_path / "node")  # and the node's disk is gone too: every shard comes from the peer
         resumed = resume_run(tmp_path / "node", f"{peer.url}/node", tmp_path / "out.txt")
-    assert resumed.returncode == 0, resumed.stderr[-6000:]
+    assert resumed.returncode == 0, failure(resumed)
     digest, start = (tmp_path / "out.txt").read_text().split()
     assert 1 <= int(start) <= 3  # it really resumed, from a checkpoint complete for both ranks
     assert digest == expected  # bitwise: ZeRO-3 partitions, optimiser state and all
