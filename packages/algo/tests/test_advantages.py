@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from relayrl.algo.advantages import GRPO, RLOO, DrGRPO
+from relayrl.algo.config import build
+from relayrl.algo.testing import AdvantageEstimatorTests
 
 
 def test_grpo_by_hand():
@@ -47,3 +49,11 @@ def test_constant_groups_are_exactly_zero_despite_rounding():
 def test_shape_errors_are_clear():
     with pytest.raises(ValueError, match="must be equal 1-D"):
         GRPO()(torch.zeros(3), torch.zeros(2, dtype=torch.long))
+
+
+class TestEveryBuiltinEstimator(AdvantageEstimatorTests):
+    """Every registered estimator, with its default options, passes the suite a plugin passes."""
+
+    @pytest.fixture(params=["grpo", "drgrpo", "rloo"])
+    def estimator(self, request):
+        return build("relayrl_algo_advantage_estimators", "advantage estimator", request.param, path="algo.advantage")

@@ -18,6 +18,7 @@ from relayrl.algo.correction import (
     TruncatedIS,
     mismatch_metrics,
 )
+from relayrl.algo.testing import CorrectionTests
 from relayrl.core.plugins import Registration, create_plugin_manager, hookimpl
 
 
@@ -109,3 +110,11 @@ def test_a_plugin_correction_can_depend_on_staleness():
     two = MismatchInputs(old_logprobs=torch.zeros(2, 2), behavior_logprobs=torch.zeros(2, 2), mask=torch.ones(2, 2),
                          staleness=torch.tensor([0, 3]))
     assert correction(two).mask.tolist() == [[1.0, 1.0], [0.0, 0.0]]
+
+
+class TestEveryBuiltinCorrection(CorrectionTests):
+    """Every registered correction, with its default options, passes the suite a plugin passes."""
+
+    @pytest.fixture(params=["none", "truncated", "token-mask", "sequence-mask", "geometric-mask"])
+    def correction(self, request):
+        return build("relayrl_algo_mismatch_corrections", "mismatch correction", request.param, path="algo.correction")
