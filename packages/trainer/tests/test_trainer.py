@@ -13,6 +13,7 @@ from relayrl.rollout.testing.groups import generate_groups
 from relayrl.rollout.testing.models import tiny_llama
 from relayrl.trainer.batch import build_sequences
 from relayrl.trainer.config import TrainerSection
+from relayrl.trainer.testing import TrainerBackendTests
 from relayrl.trainer.torch_backend import TorchTrainer
 
 
@@ -157,3 +158,23 @@ def test_backend_registered_and_config_validated():
         load_config({"trainer": {"backend": "sharded", "ranks": 2, "elastic": True}}, pm=pm)
     with pytest.raises(ConfigError, match="trainer.ranks: must be at least 1"):
         load_config({"trainer": {"ranks": 0}})
+
+
+class TestTorchBackend(TrainerBackendTests):
+    """The reference backend passes the suite it defines (one process)."""
+
+    @pytest.fixture
+    def make_backend(self):
+        def make(model, *, algo, config, version=0):
+            return TorchTrainer(model, algo=algo, config=config, version=version)
+        return make
+
+
+class TestTorchBackendMicroBatched(TestTorchBackend):
+    """Micro-batching is invisible: the same step in micro-batches of 40 tokens."""
+
+    weight_atol = 1e-5
+
+    @pytest.fixture
+    def config(self):
+        return TrainerSection(micro_batch_tokens=40)
