@@ -302,17 +302,28 @@ def dynamo(session: nox.Session) -> None:
 
 @nox.session(tags=ci_tags("template"))
 def template(session: nox.Session) -> None:
-    """Render plugins/_template into a temporary folder, install it, run its tests: it cannot rot."""
+    """Render plugins/_template as every kind it offers, install them, run their tests (each subclasses
+    its kind's conformance suite): the template cannot rot."""
+    render = ROOT / "plugins/_template/render.py"
+    kind_names = (session.run("python", str(render), "--list-kinds", silent=True) or "").split()
+    if "store" not in kind_names:
+        session.error(f"render.py --list-kinds: {kind_names}")
     with disposable_venv(session), tempfile.TemporaryDirectory(prefix="relayrl-template-") as temp:
-        rendered = Path(temp) / "relayrl-rendered"
-        session.run("python", str(ROOT / "plugins/_template/render.py"), "rendered", str(rendered))
-        cli = [str(path) for path in local_closure(ROOT / "packages/cli")]
-        session.install(*CONSTRAINTS, f"{ROOT / 'packages/core'}[testing]", *cli, str(rendered), "pytest")
+        rendered = {kind: Path(temp) / f"relayrl-rendered-{kind}" for kind in kind_names}
+        for kind, folder in rendered.items():
+            session.run("python", str(render), f"rendered-{kind}", str(folder), "--kind", kind)
+        local: list[str] = []
+        for folder in (ROOT / "packages/rollout", ROOT / "packages/cli"):
+            local += [str(path) for path in local_closure(folder, ("testing",)) if str(path) not in local]
+        session.install(*CONSTRAINTS, f"{ROOT / 'packages/core'}[testing]", f"{ROOT / 'packages/rollout'}[testing]",
+                        *local, *(str(folder) for folder in rendered.values()), "pytest")
         warm_bytecode(session)
-        session.run("pytest", str(rendered / "tests"), *session.posargs)
-        listing = session.run("relayrl", "plugins", silent=True)
-        if "relayrl-rendered" not in (listing or ""):
-            session.error(f"`relayrl plugins` does not list the rendered plugin:\n{listing}")
+        for folder in rendered.values():
+            session.run("pytest", str(folder / "tests"), *session.posargs)
+        listing = session.run("relayrl", "plugins", silent=True) or ""
+        missing = [kind for kind in rendered if f"relayrl-rendered-{kind}" not in listing]
+        if missing:
+            session.error(f"`relayrl plugins` does not list the rendered plugins {missing}:\n{listing}")
 
 
 @nox.session(tags=ci_tags("system"))

@@ -56,7 +56,7 @@ def test_plugins_use_their_own_top_level_name():
 
 def test_top_level_layout():
     unexpected = {path.name for path in ROOT.iterdir() if not path.name.startswith(".git") and not path.name.startswith(".venv")
-                  and not path.name.startswith(".nox") and path.name not in {".ruff_cache", ".pytest_cache", ".hypothesis"}} - TOP_LEVEL
+                  and not path.name.startswith(".nox") and path.name not in {".ruff_cache", ".mypy_cache", ".pytest_cache", ".hypothesis"}} - TOP_LEVEL
     assert not unexpected, f"unexpected top-level entries: {sorted(unexpected)}"
 
 

@@ -1,5 +1,1 @@
-"""relayrl-template: a ready-to-copy relayrl plugin (an in-process object-store backend)."""
-
-from relayrl_template.store import DictStore
-
-__all__ = ["DictStore"]
+"""relayrl-template: a ready-to-copy relayrl plugin (see ``plugin.py`` for what it registers)."""

@@ -117,7 +117,8 @@ class HarnessTests:
 
     def _run(self, harness: Any, replies: list[str], tools: Any) -> tuple[Trajectory, ScriptedEngine]:
         compaction_prompt, _ = harness.compaction_markers()
-        engine = ScriptedEngine(replies, compaction_prompt or "unused")
+        # Padded: a harness may generate more than once (think, then answer); extra replies are unused.
+        engine = ScriptedEngine([*replies, *["hello"] * 8], compaction_prompt or "unused")
         trajectory = asyncio.run(harness.run(self.TASK, proxy=TokenRecordingProxy(engine), tools=tools, chat=CHAT,
                                              sampling=SamplingParams(), group_id="g", sample_index=0))
         return trajectory, engine
