@@ -192,8 +192,11 @@ class ProgressStore:
         self.step = 0
 
     def get(self, key):
-        assert key == "progress"
-        return json.dumps({"step": self.step, "version": self.step + 1, "consumed": {}}).encode()
+        from relayrl.buffer.progress import PROGRESS_KEY, Progress
+        from relayrl.core import codec
+
+        assert key == PROGRESS_KEY
+        return codec.encode(Progress(step=self.step, version=self.step + 1))
 
 
 def test_the_periodic_evaluator_follows_the_trainer_and_resumes_its_schedule(tmp_path):

@@ -8,12 +8,12 @@ import contextlib
 import pytest
 
 from relayrl.algo.length_penalty import AlternatingLengthPenalty, Phase
-from relayrl.buffer import Buffer, PromptScheduler, SegmentWriter
+from relayrl.buffer import Buffer, Progress, PromptScheduler, SegmentWriter, read_progress, write_progress
 from relayrl.core import codec, wire
 from relayrl.core.store import open_store
 from relayrl.core.wire import TaskSpec
 from relayrl.rollout.agent import AgentConfig, CodingAgent, SingleTurn
-from relayrl.rollout.manager import RolloutManager, read_progress, with_rewards, write_progress
+from relayrl.rollout.manager import RolloutManager, with_rewards
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
 from relayrl.rollout.testing.scripted import CHAT, RecordingTools, ScriptedEngine, call
@@ -102,7 +102,7 @@ def test_back_pressure_waits_for_the_trainer(tmp_path):
         runner = asyncio.create_task(manager.run())
         await asyncio.sleep(0.5)
         ahead_before = manager.committed_groups
-        write_progress(store, step=1, version=1, consumed={"rollout-1": 2})  # the trainer catches up
+        write_progress(store, Progress(step=1, version=1, consumed={"rollout-1": 2}))  # the trainer catches up
         await asyncio.sleep(0.5)
         manager.stop()
         await runner
@@ -111,7 +111,7 @@ def test_back_pressure_waits_for_the_trainer(tmp_path):
     ahead_before = asyncio.run(scenario())
     assert ahead_before == 3  # stopped once more than 2 groups ahead
     assert manager.committed_groups == 5  # two more after the trainer consumed two
-    assert read_progress(store)["consumed"] == {"rollout-1": 2}
+    assert read_progress(store).consumed == {"rollout-1": 2}
 
 
 def test_a_fleet_held_back_commits_its_open_segment_so_the_trainer_can_catch_up(tmp_path):
@@ -201,7 +201,7 @@ class ConstantGrader:
 
 
 def test_zero_variance_groups_are_counted_but_not_committed(tmp_path):
-    from relayrl.rollout.manager import read_fleet_counters, write_fleet_counters
+    from relayrl.buffer import read_fleet_counters, write_fleet_counters
 
     store = open_store(str(tmp_path / "bus"))
     tasks = [TaskSpec(task_id="same", instruction="a"), TaskSpec(task_id="mixed", instruction="b")]
@@ -215,7 +215,7 @@ def test_zero_variance_groups_are_counted_but_not_committed(tmp_path):
     assert len(store.list("rollouts/")) == 2
     write_fleet_counters(store, "rollout-0", manager.fleet_counters())
     counters = read_fleet_counters(store)["rollout-0"]
-    assert counters["reward_count"] == 8 and counters["reward_sum"] == 6  # 2x(1+1) + 2x(1+0)
+    assert counters.reward_count == 8 and counters.reward_sum == 6  # 2x(1+1) + 2x(1+0)
     assert manager.metrics()["fleet/zero_variance_skipped"] == 2
 
 

@@ -17,6 +17,14 @@ from relayrl.buffer.buffer import Buffer
 from relayrl.buffer.config import BufferSection, PromptsSection, RestartSection, StalenessSection
 from relayrl.buffer.cursor import BufferState
 from relayrl.buffer.groups import PendingGroup
+from relayrl.buffer.progress import (
+    FleetCounters,
+    Progress,
+    read_fleet_counters,
+    read_progress,
+    write_fleet_counters,
+    write_progress,
+)
 from relayrl.buffer.prompts import (
     Pick,
     PromptScheduler,
@@ -28,8 +36,37 @@ from relayrl.buffer.retention import prune_segments
 from relayrl.buffer.segments import GroupRef, SegmentConflict, SegmentWriter, parse_segment_key, segment_key
 
 __all__ = [
-    "Admission", "AdmissionChain", "Batch", "BatchGroup", "BatchMetrics", "Buffer", "BufferSection", "BufferState",
-    "DroppedGroup", "GroupRef", "PendingGroup", "Pick", "PromptScheduler", "PromptSchedulerState", "PromptsSection",
-    "RestartSection", "SegmentConflict", "SegmentWriter", "StalenessPolicy", "StalenessSection", "ZeroVariancePolicy",
-    "admission_policies", "create_prompt_scheduler", "parse_segment_key", "prompt_schedulers", "prune_segments", "segment_key",
+    "Admission",
+    "AdmissionChain",
+    "Batch",
+    "BatchGroup",
+    "BatchMetrics",
+    "Buffer",
+    "BufferSection",
+    "BufferState",
+    "DroppedGroup",
+    "FleetCounters",
+    "GroupRef",
+    "PendingGroup",
+    "Pick",
+    "Progress",
+    "PromptScheduler",
+    "PromptSchedulerState",
+    "PromptsSection",
+    "RestartSection",
+    "SegmentConflict",
+    "SegmentWriter",
+    "StalenessPolicy",
+    "StalenessSection",
+    "ZeroVariancePolicy",
+    "admission_policies",
+    "create_prompt_scheduler",
+    "parse_segment_key",
+    "prompt_schedulers",
+    "prune_segments",
+    "read_fleet_counters",
+    "read_progress",
+    "segment_key",
+    "write_fleet_counters",
+    "write_progress",
 ]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import signal
 import time
 import uuid
@@ -38,7 +37,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from relayrl.core.errors import ObjectNotFound
+from relayrl.buffer.progress import FleetCounters, read_progress
 from relayrl.core.store import Store
 from relayrl.core.wire import Group, TaskSpec, Trajectory
 from relayrl.rollout.agent import ToolExecutor
@@ -47,10 +46,7 @@ from relayrl.rollout.costs import trajectory_costs
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
 
-__all__ = ["Grader", "RolloutManager", "read_fleet_counters", "read_progress", "write_fleet_counters", "write_progress"]
-
-PROGRESS_KEY = "progress"
-
+__all__ = ["Grader", "RolloutManager"]
 
 class Grader(Protocol):
     """Scores the trajectories of one task (in an isolated grading sandbox for code tasks)."""
@@ -76,39 +72,6 @@ ToolsFactory = Callable[[TaskSpec], contextlib.AbstractAsyncContextManager[ToolE
 async def no_tools(task: TaskSpec) -> AsyncIterator[None]:
     """The tools factory of harnesses that use none (single-turn answers)."""
     yield None
-
-
-def write_progress(store: Store, *, step: int, version: int, consumed: dict[str, int]) -> None:
-    """Trainer side: record the step, the policy version and the groups consumed per producer."""
-    store.put(PROGRESS_KEY, json.dumps({"step": step, "version": version, "consumed": consumed}).encode())
-
-
-FLEET_PREFIX = "fleet/"
-
-
-def write_fleet_counters(store: Store, producer_id: str, counters: dict[str, float]) -> None:
-    """Producer side: cumulative counters (groups graded/committed/skipped, reward sum and count)."""
-    store.put(f"{FLEET_PREFIX}{producer_id}.json", json.dumps(counters).encode())
-
-
-def read_fleet_counters(store: Store) -> dict[str, dict[str, float]]:
-    """Trainer side: every producer's last counters, by producer id. The mean reward over an interval
-    is the difference of ``reward_sum`` over that of ``reward_count`` between two reads."""
-    counters = {}
-    for key in store.list(FLEET_PREFIX):
-        try:
-            counters[key[len(FLEET_PREFIX):].removesuffix(".json")] = json.loads(store.get(key))
-        except (ObjectNotFound, ValueError):
-            continue
-    return counters
-
-
-def read_progress(store: Store) -> dict[str, Any]:
-    """The trainer's last progress record (``{}`` before its first step)."""
-    try:
-        return json.loads(store.get(PROGRESS_KEY))
-    except ObjectNotFound:
-        return {}
 
 
 class RolloutManager:
@@ -204,15 +167,13 @@ class RolloutManager:
             counts["tool_seconds"] += costs.tool_seconds
 
     def trainer_step(self) -> int:
-        progress = read_progress(self.store) if self.store is not None else {}
-        return int(progress.get("step", 0))
+        return read_progress(self.store).step if self.store is not None else 0
 
     def _ahead(self) -> int:
         """Groups handed to the writer (committed or still in its open segment) the trainer has not consumed."""
         if self.store is None:
             return 0
-        consumed = read_progress(self.store).get("consumed", {}).get(self.writer.producer_id, 0)
-        return self.committed_groups - int(consumed)
+        return self.committed_groups - read_progress(self.store).consumed.get(self.writer.producer_id, 0)
 
     async def _flush_open_segment(self) -> None:
         """Commit the writer's open segment now: groups in it are invisible to the trainer."""
@@ -269,12 +230,13 @@ class RolloutManager:
                 "fleet/zero_variance_skipped": float(self.skipped_groups),
                 "fleet/tokens_per_s": self.generated_tokens / elapsed, **self.scheduler.metrics()}
 
-    def fleet_counters(self) -> dict[str, float]:
-        """Cumulative counters of this producer (see :func:`write_fleet_counters`)."""
-        return {"graded_groups": float(self.graded_groups), "committed_groups": float(self.committed_groups),
-                "skipped_groups": float(self.skipped_groups), "reward_sum": self.reward_sum,
-                "reward_count": float(self.reward_count), "generated_tokens": float(self.generated_tokens),
-                **{name: float(value) for name, value in self.behaviour.items()}}
+    def fleet_counters(self) -> FleetCounters:
+        """Cumulative counters of this producer (the trainer reads every producer's: see
+        :mod:`relayrl.buffer.progress`)."""
+        return FleetCounters(graded_groups=float(self.graded_groups), committed_groups=float(self.committed_groups),
+                             skipped_groups=float(self.skipped_groups), reward_sum=self.reward_sum,
+                             reward_count=float(self.reward_count), generated_tokens=float(self.generated_tokens),
+                             behaviour={name: float(value) for name, value in self.behaviour.items()})
 
 
 def with_rewards(trajectory: Trajectory, reward: float, **components: float) -> Trajectory:

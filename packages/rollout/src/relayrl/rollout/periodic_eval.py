@@ -29,9 +29,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from relayrl.buffer.progress import read_progress
 from relayrl.core.wire import TaskSpec
 from relayrl.rollout.evaluation import RecordFile, evaluate, summarize
-from relayrl.rollout.manager import read_progress
 
 __all__ = ["PeriodicEval", "read_results"]
 
@@ -81,13 +81,13 @@ class PeriodicEval:
         """Evaluate whenever one is due, until cancelled."""
         while True:
             progress = read_progress(self.store)
-            step = int(progress.get("step", 0))
+            step = progress.step
             if not self.due(step):
                 await asyncio.sleep(self.poll_s)
                 continue
             self.last_step = step
             try:
-                await self.evaluate_now(step, int(progress.get("version", 0)))
+                await self.evaluate_now(step, progress.version)
             except Exception as exc:  # an evaluation must never take the rollout process down with it
                 print(f"eval at step {step} failed ({type(exc).__name__}: {exc}); next try in "
                       f"{self.section.every_steps} steps", file=sys.stderr, flush=True)

@@ -30,14 +30,14 @@ from typing import Any
 import torch
 
 from relayrl.algo.config import build_reward_shapers
-from relayrl.buffer import SegmentWriter, create_prompt_scheduler
+from relayrl.buffer import SegmentWriter, create_prompt_scheduler, write_fleet_counters
 from relayrl.cli.run.layout import RunLayout
 from relayrl.core.config import Config
 from relayrl.core.plugins import get_plugin_manager, lookup
 from relayrl.rollout.config import build_environment, build_harness, build_router
 from relayrl.rollout.engines.http import HttpEngine
 from relayrl.rollout.evaluation import split_tasks
-from relayrl.rollout.manager import RolloutManager, write_fleet_counters
+from relayrl.rollout.manager import RolloutManager
 from relayrl.rollout.models import load_tokenizer, make_chat_format
 from relayrl.rollout.periodic_eval import PeriodicEval
 from relayrl.rollout.protocol import SamplingParams

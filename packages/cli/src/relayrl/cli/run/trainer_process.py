@@ -42,7 +42,7 @@ import torch
 
 from relayrl.algo.config import build_monitors, build_reward_shapers
 from relayrl.algo.determinism import enable_determinism, rng_state, seed_everything, set_rng_state
-from relayrl.buffer import Buffer
+from relayrl.buffer import Buffer, Progress, read_fleet_counters, write_progress
 from relayrl.cli.run.elastic import ElasticRanks, LeaderGone, View, describe_failure
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
@@ -56,7 +56,6 @@ from relayrl.fault_tolerance.checkpoint import AsyncCheckpointer
 from relayrl.fault_tolerance.faults import maybe_kill
 from relayrl.fault_tolerance.recovery import recover
 from relayrl.rollout.config import build_environment
-from relayrl.rollout.manager import read_fleet_counters, write_progress
 from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
 from relayrl.trainer.metrics import MetricsWriter
 from relayrl.trainer.warmup import MaskedExample, supervised_warmup
@@ -258,7 +257,11 @@ class TrainerProcess:
         weights = self._weights()
         if self.ranks.leader:
             self.publisher.publish(weights, step=self.step, version=self.trainer.version).result()
-            write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
+            self._write_progress()
+
+    def _write_progress(self) -> None:
+        """The fleet's back-pressure signal: this step, this version, the groups consumed per producer."""
+        write_progress(self.bus, Progress(step=self.step, version=self.trainer.version, consumed=dict(self.consumed)))
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -352,7 +355,7 @@ class TrainerProcess:
             self._drained[drop.reason] += 1
             self._drained_refs.append((str(drop.ref), drop.reason))
         if drops:
-            write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
+            self._write_progress()
 
     def _train_on(self, decision: Decision) -> None:
         """One step on every rank: the optimiser step, publishing and the checkpoint shard are collective;
@@ -408,7 +411,7 @@ class TrainerProcess:
         metrics["checkpoint/blocking_s"] = saved.blocking_s
         metrics["trainer/wall_step_s"] = time.monotonic() - started
         self.metrics.write(self.step, metrics)
-        write_progress(self.bus, step=self.step, version=self.trainer.version, consumed=dict(self.consumed))
+        self._write_progress()
         self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": self.config.trainer.steps,
                                              "version": self.trainer.version, "alarms": [a.message for a in alarms]})
 
@@ -528,7 +531,7 @@ class TrainerProcess:
         """
         totals: Counter[str] = Counter()
         for counters in read_fleet_counters(self.bus).values():
-            totals.update({name: float(value) for name, value in counters.items()})
+            totals.update(counters.totals())
         previous, self._fleet_totals = self._fleet_totals, totals
         if totals["reward_count"] < previous["reward_count"]:
             previous = Counter()  # a producer restarted: its counters began again from zero
