@@ -19,6 +19,7 @@ from relayrl.buffer.cursor import BufferState
 from relayrl.buffer.groups import PendingGroup
 from relayrl.buffer.progress import (
     FleetCounters,
+    FleetMetrics,
     Progress,
     read_fleet_counters,
     read_progress,
@@ -46,6 +47,7 @@ __all__ = [
     "BufferState",
     "DroppedGroup",
     "FleetCounters",
+    "FleetMetrics",
     "GroupRef",
     "PendingGroup",
     "Pick",

@@ -17,14 +17,15 @@ defaults, a reader refuses a record newer than it understands. Records written a
 from __future__ import annotations
 
 import json
+from collections import Counter
 
 from relayrl.core import codec
 from relayrl.core.errors import ObjectNotFound, WireError
 from relayrl.core.store import Store
 from relayrl.core.wire import Versioned
 
-__all__ = ["FLEET_PREFIX", "PROGRESS_KEY", "FleetCounters", "Progress", "read_fleet_counters", "read_progress",
-           "write_fleet_counters", "write_progress"]
+__all__ = ["FLEET_BEHAVIOUR", "FLEET_PREFIX", "PROGRESS_KEY", "FleetCounters", "FleetMetrics", "Progress",
+           "read_fleet_counters", "read_progress", "write_fleet_counters", "write_progress"]
 
 PROGRESS_KEY = "progress"
 FLEET_PREFIX = "fleet/"
@@ -89,6 +90,60 @@ def read_fleet_counters(store: Store) -> dict[str, FleetCounters]:
         except (ObjectNotFound, WireError):
             continue
     return counters
+
+
+FLEET_BEHAVIOUR = {
+    "reward/fleet_graded_mean": ("graded_reward_sum", "trajectories"),
+    "fleet/tokens_per_trajectory": ("generated_tokens", "trajectories"),
+    "fleet/shaping_per_trajectory": ("shaping_sum", "trajectories"),
+    "fleet/turns_per_trajectory": ("turns", "trajectories"),
+    "fleet/tool_calls_per_trajectory": ("tool_calls", "trajectories"),
+    "fleet/parallel_turn_share": ("parallel_turns", "turns"),
+    "fleet/tool_s_per_call": ("tool_seconds", "tool_results"),
+    "fleet/compacted_share": ("compacted_trajectories", "trajectories"),
+    "fleet/compactions_per_trajectory": ("compactions", "trajectories"),
+}
+"""Per-step means over every trajectory graded since the previous step (the rollout manager's
+behaviour counters): metric -> (counter, counter it is divided by). ``reward/fleet_graded_mean`` is
+the grader's reward before any shaper; ``fleet/shaping_per_trajectory`` is what the shapers added
+(the length penalty's mean, negative in its budget phases)."""
+
+
+class FleetMetrics:
+    """The fleet's success rate and behaviour over every group graded between two reads, trained on or not.
+
+    ``reward/mean`` of a step covers only its batch, which the zero-variance filter biases towards
+    mixed groups; ``reward/fleet_mean`` here is the policy's actual success rate, the number to judge
+    learning by. Between two reads with nothing graded, the last values stand.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._totals: Counter[str] = Counter()
+        self._reward: float | None = None
+        self._behaviour: dict[str, float] = {}
+
+    def read(self) -> dict[str, float]:
+        """The metrics since the previous read (the first read: since the producers started)."""
+        totals: Counter[str] = Counter()
+        for counters in read_fleet_counters(self.store).values():
+            totals.update(counters.totals())
+        previous, self._totals = self._totals, totals
+        if totals["reward_count"] < previous["reward_count"]:
+            previous = Counter()  # a producer restarted: its counters began again from zero
+        count = totals["reward_count"] - previous["reward_count"]
+        metrics = {"fleet/groups_graded_total": totals["graded_groups"],
+                   "fleet/zero_variance_fraction": totals["skipped_groups"] / max(totals["graded_groups"], 1.0)}
+        if count > 0:
+            self._reward = (totals["reward_sum"] - previous["reward_sum"]) / count
+        if self._reward is not None:
+            metrics["reward/fleet_mean"] = self._reward
+        for name, (numerator, denominator) in FLEET_BEHAVIOUR.items():
+            interval = totals[denominator] - previous[denominator]
+            if interval > 0:
+                self._behaviour[name] = (totals[numerator] - previous[numerator]) / interval
+        metrics.update(self._behaviour)
+        return metrics
 
 
 def _decode(data: bytes, type_: type[Progress] | type[FleetCounters], key: str) -> Progress | FleetCounters:

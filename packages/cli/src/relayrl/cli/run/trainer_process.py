@@ -1,20 +1,13 @@
 """The trainer process of ``relayrl run``: ``python -m relayrl.cli.run.trainer_process RUN_DIR``.
 
-Start-up: materialise the model directory; recover the newest complete checkpoint (relayrl-fault-
-tolerance), or else run the supervised warm-up; publish the current weights so that engines can
-bootstrap (a fresh publisher's first version is a full snapshot); write ``progress``.
-
-Each step:
-
-1. take the next batch of complete groups from the buffer (at the trainer's policy version, which
-   the staleness admission compares with the version of every token);
-2. one optimiser step (the trainer backend: replay over kept-sets, advantages, IS correction, loss);
-3. publish the weights every ``publish_every_steps`` steps, numbered by the trainer's version, so
-   token versions and trainer versions share one scale;
-4. health monitors over the step's metrics and texts; alarms become events;
-5. append the step's line to the ledger (groups trained and dropped: see :mod:`.ledger`);
-   checkpoint (model, optimiser, RNG, buffer cursor, monitor state, groups consumed) in the
-   background; append the step's metrics; write ``progress`` (the fleet's back-pressure signal).
+Process glue around relayrl-trainer's :class:`~relayrl.trainer.loop.TrainingLoop` (batch → step →
+publish → monitors → checkpoint → metrics → progress). Start-up: materialise the model directory;
+recover the newest complete checkpoint (relayrl-fault-tolerance), or else run the supervised
+warm-up; publish the current weights so that engines can bootstrap (a fresh publisher's first
+version is a full snapshot); write ``progress``. What the run adds to each step (:class:`RunHooks`):
+the run lease is checked before anything is committed, the step's line is appended to the ledger
+(groups trained and dropped: see :mod:`.ledger`) before its checkpoint, alarms become events, the
+fleet's and the engines' metrics join the trainer's, and the status the display reads is written.
 
 SIGTERM or SIGINT ends the run after the current step, with its checkpoint written.
 
@@ -35,14 +28,14 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from typing import Any
 
-import msgspec
 import torch
 
 from relayrl.algo.config import build_monitors, build_reward_shapers
 from relayrl.algo.determinism import enable_determinism, rng_state, seed_everything, set_rng_state
-from relayrl.buffer import Buffer, Progress, read_fleet_counters, write_progress
+from relayrl.buffer import Buffer, FleetMetrics, Progress, write_progress
 from relayrl.cli.run.elastic import ElasticRanks, LeaderGone, View, describe_failure
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
@@ -57,6 +50,7 @@ from relayrl.fault_tolerance.faults import maybe_kill
 from relayrl.fault_tolerance.recovery import recover
 from relayrl.rollout.config import build_environment
 from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
+from relayrl.trainer.loop import LoopHooks, TrainingLoop
 from relayrl.trainer.metrics import MetricsWriter
 from relayrl.trainer.warmup import MaskedExample, supervised_warmup
 from relayrl.weight_sync import ConcurrentWriter, Publisher
@@ -84,17 +78,22 @@ class TrainerProcess:
         self.ranks = ranks or Ranks()
         self.stop = threading.Event()
         self.bus = layout.bus(config)
-        self.consumed: Counter[str] = Counter()
-        self.step = 0
-        self._fleet_totals: Counter[str] = Counter()
-        self._fleet_reward: float | None = None
-        self._fleet_behaviour: dict[str, float] = {}
-        self._drained: Counter[str] = Counter()
-        self._drained_refs: list[tuple[str, str]] = []
+        self.loop: TrainingLoop | None = None  # the leader's; other ranks only step and save their shard
+        self._step = 0  # the step of a rank without the loop
         self._batch: Any = None  # the leader's batch behind the current "train" decision
         self._repair_checked = 0.0  # when the waiting leader last looked for weight repair requests
-        self._waiting_since: float | None = None  # wall time the leader started waiting for the current batch
-        self._waiting_reported = 0.0
+
+    @property
+    def step(self) -> int:
+        """Steps trained (the loop's count on the leader)."""
+        return self.loop.step if self.loop is not None else self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        if self.loop is not None:
+            self.loop.step = value
+        else:
+            self._step = value
 
     # ------------------------------------------------------------------ start-up
     def _build(self) -> None:
@@ -131,6 +130,7 @@ class TrainerProcess:
             self.shapers = build_reward_shapers(config.algo, pm=self.pm)
             self.metrics = MetricsWriter(self.layout.root)
             self.ledger = LedgerWriter(self.layout.root)
+            self.fleet = FleetMetrics(self.bus)
 
     def _new_trainer(self, version: int) -> Any:
         factory = lookup(self.pm, "relayrl_trainer_backends", self.config.trainer.backend, kind="trainer backend").factory
@@ -210,17 +210,17 @@ class TrainerProcess:
             self.ranks.broadcast_module(self.model)  # every rank starts from the leader's weights
             # Version 1 is the model the fleet starts from (after the warm-up); RL steps count on from it.
             self.trainer = self._new_trainer(version=1)
+            self._start_loop()
             return
         state = recovered.state
         self.trainer = self._new_trainer(version=int(state["trainer"]["version"]))
         self.trainer.load_state_dict(state["trainer"])
-        set_rng_state(state["rng"])
-        self.step = int(state["step"])
         if not self.ranks.leader:
+            set_rng_state(state["rng"])
+            self.step = int(state["step"])
             return
-        self.buffer.restore(state["buffer"])
-        self.monitors.restore(state["monitors"])
-        self.consumed = Counter(state["consumed"])
+        self._start_loop()
+        self.loop.restore(state)  # step, buffer cursor, monitors, groups consumed, RNG
         write_event(self.layout, "trainer", "resumed", f"resumed from the checkpoint of step {self.step} "
                     f"({recovered.source})", data={"step": self.step})
         if recovered.discarded:  # the user must know that training was lost and is redone
@@ -241,27 +241,27 @@ class TrainerProcess:
                 tensors[name] = tensor
         return tensors if self.ranks.leader else None
 
-    def _publish_initial(self) -> None:
-        if self.ranks.leader:
-            self.publisher = Publisher.from_config(self.bus, self.config.weight_sync)
-        self._publish_current()
+    def _start_loop(self) -> None:
+        """The leader's training loop, over the backend just built (other ranks have none)."""
+        if not self.ranks.leader:
+            return
+        self.publisher = Publisher.from_config(self.bus, self.config.weight_sync)
+        self.loop = TrainingLoop(
+            self.trainer, buffer=self.buffer, publisher=self.publisher, checkpointer=self.checkpointer,
+            monitors=self.monitors, metrics=self.metrics, shapers=self.shapers,
+            progress=lambda step, version, consumed: write_progress(
+                self.bus, Progress(step=step, version=version, consumed=consumed)),
+            publish_every_steps=self.config.weight_sync.publish_every_steps, steps=self.config.trainer.steps,
+            hooks=RunHooks(self))
 
     def _publish_current(self) -> None:
         """Publish the weights as they are now, numbered above every version on the bus (every rank calls it)."""
-        version = None
-        if self.ranks.leader:
-            # Versions newer than this checkpoint may exist (published after it): continue above them.
-            version = max(self.trainer.version, self.publisher.next_version)
+        version = self.loop.next_version() if self.loop is not None else None
         # Elastic ranks take the version with the leader's state when they (re)join.
         self.trainer.version = version if self.ranks.elastic else self.ranks.broadcast(version)
-        weights = self._weights()
-        if self.ranks.leader:
-            self.publisher.publish(weights, step=self.step, version=self.trainer.version).result()
-            self._write_progress()
-
-    def _write_progress(self) -> None:
-        """The fleet's back-pressure signal: this step, this version, the groups consumed per producer."""
-        write_progress(self.bus, Progress(step=self.step, version=self.trainer.version, consumed=dict(self.consumed)))
+        weights = self._weights()  # collective: every rank gathers
+        if self.loop is not None:
+            self.loop.publish(weights)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -281,7 +281,7 @@ class TrainerProcess:
             self._close()
             self.ranks.close()
             return 0
-        self._publish_initial()
+        self._publish_current()
         if leader:
             self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": total})
         if self.ranks.elastic:
@@ -315,10 +315,8 @@ class TrainerProcess:
         """The leader's next move: stop, train on the next batch, or wait (settling stale groups)."""
         if self.stop.is_set() or (total and self.step >= total):
             return Decision("stop")
-        batch = self.buffer.wait_for_batch(self.trainer.version, timeout_s=0.5)
+        batch = self.loop.next_batch()  # settles what can never be trained while it waits
         if batch is None:
-            self._resolve_drops()
-            self._report_waiting(total)
             # Starved, perhaps because no engine can build the published weights (a corrupt object):
             # an engine asked for a repair, and no step is coming to publish a fresh snapshot.
             if time.monotonic() - self._repair_checked > 5.0:
@@ -327,93 +325,26 @@ class TrainerProcess:
                     return Decision("republish")
             return Decision("wait")
         self._batch = batch
-        self._waiting_since = None
-        weights = [item.weight for item in batch.groups]  # < 1 for groups the buffer down-weighted (stale)
-        return Decision("train", [item.group for item in batch.groups],
-                        None if all(weight == 1.0 for weight in weights) else weights)
-
-    def _report_waiting(self, total: int) -> None:
-        """While no batch is ready: say since when, and what the buffer did with what arrived (the
-        progress line shows it: every group dropped as zero-variance, none arriving at all ...)."""
-        now = time.time()
-        if self._waiting_since is None:
-            self._waiting_since = now
-        if now - self._waiting_reported < 2.0:
-            return
-        self._waiting_reported = now
-        self.layout.write_status("trainer", {
-            "phase": "training", "step": self.step, "steps": total, "version": self.trainer.version,
-            "waiting_since": self._waiting_since, "pending_groups": self.buffer.pending,
-            "batch_groups": self.config.buffer.batch_groups, "dropped_while_waiting": dict(self._drained)})
-
-    def _resolve_drops(self) -> None:
-        """No batch yet: settle groups that will never be trained (too stale), so the fleet, held back
-        by its lead over the consumed count, produces fresh ones instead of waiting for us."""
-        drops = self.buffer.resolve_drops(self.trainer.version)
-        for drop in drops:
-            self.consumed[drop.ref.producer_id] += 1
-            self._drained[drop.reason] += 1
-            self._drained_refs.append((str(drop.ref), drop.reason))
-        if drops:
-            self._write_progress()
+        groups, weights = self.loop.groups_of(batch)
+        return Decision("train", groups, weights)
 
     def _train_on(self, decision: Decision) -> None:
-        """One step on every rank: the optimiser step, publishing and the checkpoint shard are collective;
-        the leader alone keeps the books (consumed counts, metrics, ledger, progress, status)."""
+        """One step on every rank: the optimiser step, gathering the weights to publish and the checkpoint
+        shard are collective; the leader's loop commits the rest (books, publishing, checkpoint)."""
         started = time.monotonic()
-        groups = decision.groups
         if self.ranks.elastic:
             metrics = self._step_elastically(decision)
         else:
-            metrics = self.trainer.step(groups, weights=decision.weights)
-        self.step += 1
-        publish = self.step % self.config.weight_sync.publish_every_steps == 0
+            metrics = self.trainer.step(decision.groups, weights=decision.weights)
+        publish = (self.step + 1) % self.config.weight_sync.publish_every_steps == 0
         weights = self._weights() if publish else None
-        if not self.ranks.leader:
+        if self.loop is None:
+            self.step += 1
             self.checkpointer.save(self.step, {"step": self.step, "trainer": self.trainer.state_dict(),
                                                "rng": rng_state()})
             return
-        # Nothing of this step is committed (weights, ledger, checkpoint) once a newer launcher runs the run.
-        check_fence(self.bus)
         batch, self._batch = self._batch, None
-        for ref in [item.ref for item in batch.groups] + [item.ref for item in batch.dropped]:
-            self.consumed[ref.producer_id] += 1
-        metrics.update(batch.metrics.as_dict())
-        for reason, count in self._drained.items():  # dropped while waiting for this batch
-            name = f"buffer/dropped/{reason}"
-            metrics[name] = metrics.get(name, 0.0) + count
-        self._drained.clear()
-        metrics.update(self._fleet_metrics())
-        for shaper in self.shapers:
-            metrics.update(shaper.metrics(self.step))
-        if publish:
-            self.publisher.publish(weights, step=self.step, version=self.trainer.version)
-        report = self.publisher.last_report
-        if report is not None:
-            metrics.update({"weight_sync/publish_s": report.copy_s + report.encode_s + report.upload_s + report.commit_s,
-                            "weight_sync/copy_s": report.copy_s, "weight_sync/delta_ratio": report.ratio,
-                            "weight_sync/version": float(report.version)})
-        metrics.update(_prefixed(self.layout.read_status("rollout").get("metrics", {})))
-        texts = [turn.text or "" for group in groups for trajectory in group.trajectories
-                 for segment in trajectory.segments for turn in segment.turns if turn.role == "assistant"]
-        added, alarms = self.monitors.observe(self.step, metrics, texts)
-        metrics.update(added)
-        for alarm in alarms:
-            write_event(self.layout, "trainer", "alarm", alarm.message, level="warning",
-                        data={"step": self.step, "monitor": alarm.monitor, "metric": alarm.metric, "value": alarm.value})
-        # The ledger line of this step lists what its checkpoint's buffer cursor resolves since the previous one.
-        self.ledger.write(self.step, [str(item.ref) for item in batch.groups],
-                          self._drained_refs + [(str(item.ref), item.reason) for item in batch.dropped])
-        self._drained_refs = []
-        saved = self.checkpointer.save(self.step, {
-            "step": self.step, "trainer": self.trainer.state_dict(), "buffer": msgspec.to_builtins(batch.state),
-            "monitors": self.monitors.state(), "rng": rng_state(), "consumed": dict(self.consumed)})
-        metrics["checkpoint/blocking_s"] = saved.blocking_s
-        metrics["trainer/wall_step_s"] = time.monotonic() - started
-        self.metrics.write(self.step, metrics)
-        self._write_progress()
-        self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": self.config.trainer.steps,
-                                             "version": self.trainer.version, "alarms": [a.message for a in alarms]})
+        self.loop.finish_step(batch, metrics, weights=weights, started=started)
 
     # ------------------------------------------------------------------ elastic ranks (the leader)
     def _open_elastic_group(self) -> None:
@@ -523,32 +454,6 @@ class TrainerProcess:
                 print(f"trainer: collective failed at step {self.step + 1} ({type(failure).__name__}); rejoining",
                       file=sys.stderr, flush=True)
 
-    def _fleet_metrics(self) -> dict[str, float]:
-        """The fleet's mean reward over every group graded since the previous step, trained on or not.
-
-        ``reward/mean`` covers only the batch, which the zero-variance filter biases towards mixed
-        groups; this is the policy's actual success rate, the number to judge learning by.
-        """
-        totals: Counter[str] = Counter()
-        for counters in read_fleet_counters(self.bus).values():
-            totals.update(counters.totals())
-        previous, self._fleet_totals = self._fleet_totals, totals
-        if totals["reward_count"] < previous["reward_count"]:
-            previous = Counter()  # a producer restarted: its counters began again from zero
-        count = totals["reward_count"] - previous["reward_count"]
-        metrics = {"fleet/groups_graded_total": totals["graded_groups"],
-                   "fleet/zero_variance_fraction": totals["skipped_groups"] / max(totals["graded_groups"], 1.0)}
-        if count > 0:
-            self._fleet_reward = (totals["reward_sum"] - previous["reward_sum"]) / count
-        if self._fleet_reward is not None:
-            metrics["reward/fleet_mean"] = self._fleet_reward
-        for name, (numerator, denominator) in FLEET_BEHAVIOUR.items():
-            interval = totals[denominator] - previous[denominator]
-            if interval > 0:  # else (nothing graded since the last step) the last value stands, as for the reward
-                self._fleet_behaviour[name] = (totals[numerator] - previous[numerator]) / interval
-        metrics.update(self._fleet_behaviour)
-        return metrics
-
     def _close(self) -> None:
         for name in ("checkpointer", "publisher", "metrics", "ledger", "buffer"):  # the leader holds them all
             part = getattr(self, name, None)
@@ -556,21 +461,47 @@ class TrainerProcess:
                 part.close()
 
 
-FLEET_BEHAVIOUR = {
-    "reward/fleet_graded_mean": ("graded_reward_sum", "trajectories"),
-    "fleet/tokens_per_trajectory": ("generated_tokens", "trajectories"),
-    "fleet/shaping_per_trajectory": ("shaping_sum", "trajectories"),
-    "fleet/turns_per_trajectory": ("turns", "trajectories"),
-    "fleet/tool_calls_per_trajectory": ("tool_calls", "trajectories"),
-    "fleet/parallel_turn_share": ("parallel_turns", "turns"),
-    "fleet/tool_s_per_call": ("tool_seconds", "tool_results"),
-    "fleet/compacted_share": ("compacted_trajectories", "trajectories"),
-    "fleet/compactions_per_trajectory": ("compactions", "trajectories"),
-}
-"""Per-step means over every trajectory graded since the previous step (the rollout manager's
-behaviour counters): metric -> (counter, counter it is divided by). ``reward/fleet_graded_mean`` is
-the grader's reward before any shaper; ``fleet/shaping_per_trajectory`` is what the shapers added
-(the length penalty's mean, negative in its budget phases)."""
+class RunHooks(LoopHooks):
+    """What ``relayrl run`` adds to each step of the leader's loop (see the module docstring)."""
+
+    def __init__(self, process: TrainerProcess) -> None:
+        self.process = process
+        self._waiting_reported = 0.0
+
+    def before_commit(self) -> None:
+        # Nothing of this step is committed (weights, ledger, checkpoint) once a newer launcher runs the run.
+        check_fence(self.process.bus)
+
+    def extra_metrics(self) -> dict[str, float]:
+        rollout = _prefixed(self.process.layout.read_status("rollout").get("metrics", {}))
+        return {**self.process.fleet.read(), **rollout}
+
+    def on_resolved(self, step: int, trained: list[str], dropped: list[tuple[str, str]]) -> None:
+        # The ledger line of this step lists what its checkpoint's buffer cursor resolves since the previous one.
+        self.process.ledger.write(step, trained, dropped)
+
+    def on_alarm(self, step: int, alarm: Any) -> None:
+        write_event(self.process.layout, "trainer", "alarm", alarm.message, level="warning",
+                    data={"step": step, "monitor": alarm.monitor, "metric": alarm.metric, "value": alarm.value})
+
+    def on_step(self, step: int, version: int, metrics: dict[str, float], alarms: list[Any]) -> None:
+        self.process.layout.write_status("trainer", {"phase": "training", "step": step,
+                                                     "steps": self.process.config.trainer.steps, "version": version,
+                                                     "alarms": [alarm.message for alarm in alarms]})
+
+    def on_waiting(self, waiting_since: float, dropped: Mapping[str, int]) -> None:
+        """While no batch is ready: say since when, and what the buffer did with what arrived (the
+        progress line shows it: every group dropped as zero-variance, none arriving at all ...)."""
+        now = time.time()
+        if now - self._waiting_reported < 2.0:
+            return
+        self._waiting_reported = now
+        process = self.process
+        process.layout.write_status("trainer", {
+            "phase": "training", "step": process.step, "steps": process.config.trainer.steps,
+            "version": process.trainer.version, "waiting_since": waiting_since,
+            "pending_groups": process.buffer.pending, "batch_groups": process.config.buffer.batch_groups,
+            "dropped_while_waiting": dict(dropped)})
 
 
 def _prefixed(metrics: dict[str, Any]) -> dict[str, float]:

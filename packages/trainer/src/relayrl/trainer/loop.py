@@ -1,0 +1,277 @@
+"""The trainer's loop: batch → step → publish → monitors → checkpoint → metrics → progress.
+
+:class:`TrainingLoop` is the whole asynchronous-RL trainer of one process, with its collaborators
+passed in (torchtitan's ``Trainer`` shape), so an application that embeds relayrl in its own
+launcher builds the parts it wants and runs it::
+
+    loop = TrainingLoop(backend, buffer=Buffer(bus, config.buffer), publisher=Publisher(bus),
+                        checkpointer=AsyncCheckpointer(store), monitors=build_monitors(config.algo),
+                        metrics=MetricsWriter(run_dir), progress=lambda p: write_progress(bus, p))
+    loop.run(stop_event)
+
+Each step:
+
+1. take the next batch of complete groups from the buffer at the backend's policy version (the
+   buffer's staleness admission compares it with every token's version); while none is ready,
+   settle groups that can never be trained (too stale), so the fleet is not held back by them;
+2. one optimiser step (the backend: replay over kept-sets, advantages, correction, loss);
+3. publish the weights every ``publish_every_steps`` steps, numbered by the backend's version, so
+   token versions and trainer versions share one scale;
+4. health monitors over the step's metrics and texts (alarms reach ``hooks.on_alarm``);
+5. ``hooks.on_resolved`` learns which groups the step trained and dropped (``relayrl run`` writes its
+   exactly-once ledger there) *before* the checkpoint that records the buffer cursor past them;
+   checkpoint (backend, buffer cursor, monitors, RNG, groups consumed) in the background; metrics;
+   progress (the fleet's back-pressure signal).
+
+The loop is the leader's part of data-parallel training too: ``relayrl run``'s trainer process runs
+the collective step on every rank and hands the leader's result to :meth:`TrainingLoop.finish_step`.
+The collaborators are typed by the small protocols below; relayrl's buffer, weight-sync publisher,
+fault-tolerance checkpointer and metrics writer implement them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from relayrl.algo.determinism import rng_state, set_rng_state
+
+__all__ = ["BatchSource", "Checkpointer", "LoopHooks", "StepResult", "TrainingLoop", "WeightPublisher"]
+
+
+class BatchSource(Protocol):
+    """Where batches come from (:class:`relayrl.buffer.Buffer`)."""
+
+    @property
+    def pending(self) -> int: ...
+
+    def wait_for_batch(self, trainer_version: int, *, timeout_s: float | None = None) -> Any: ...
+
+    def resolve_drops(self, trainer_version: int) -> Sequence[Any]: ...
+
+    def restore(self, state: Any) -> None: ...
+
+
+class WeightPublisher(Protocol):
+    """Where weights go (:class:`relayrl.weight_sync.Publisher`)."""
+
+    next_version: int
+    last_report: Any
+
+    def publish(self, tensors: Mapping[str, Any], *, step: int = 0, version: int | None = None) -> Any: ...
+
+    def repair_requested(self) -> bool: ...
+
+
+class Checkpointer(Protocol):
+    """Where checkpoints go (:class:`relayrl.fault_tolerance.checkpoint.AsyncCheckpointer`)."""
+
+    def save(self, step: int, state: dict[str, Any]) -> Any: ...
+
+
+class LoopHooks:
+    """What the process around the loop adds to a step; every hook does nothing by default."""
+
+    def before_commit(self) -> None:
+        """Right before the step's results are committed (``relayrl run`` checks its run lease here)."""
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Metrics from outside the trainer to record with the step (the fleet's, the engines')."""
+        return {}
+
+    def on_resolved(self, step: int, trained: list[str], dropped: list[tuple[str, str]]) -> None:
+        """The groups this step trained on and dropped (with why), before its checkpoint is written."""
+
+    def on_alarm(self, step: int, alarm: Any) -> None:
+        """A health monitor raised ``alarm`` on this step."""
+
+    def on_step(self, step: int, version: int, metrics: dict[str, float], alarms: list[Any]) -> None:
+        """The step is committed: checkpointed (in the background), its metrics written."""
+
+    def on_waiting(self, waiting_since: float, dropped: Mapping[str, int]) -> None:
+        """No batch is ready (called every ``wait_timeout_s`` while waiting)."""
+
+
+@dataclass
+class StepResult:
+    """One committed step."""
+
+    step: int
+    version: int
+    metrics: dict[str, float]
+    alarms: list[Any] = field(default_factory=list)
+
+
+class TrainingLoop:
+    """The trainer's loop over a buffer of scored groups (see the module docstring)."""
+
+    def __init__(self, backend: Any, *, buffer: BatchSource, publisher: WeightPublisher, checkpointer: Checkpointer,
+                 monitors: Any, metrics: Any, progress: Callable[[int, int, dict[str, int]], None],
+                 shapers: Sequence[Any] = (), publish_every_steps: int = 1, steps: int = 0,
+                 hooks: LoopHooks | None = None, wait_timeout_s: float = 0.5) -> None:
+        self.backend = backend
+        self.buffer = buffer
+        self.publisher = publisher
+        self.checkpointer = checkpointer
+        self.monitors = monitors
+        self.metrics = metrics
+        self.progress = progress
+        """Called with (step, version, groups consumed per producer) whenever they change."""
+        self.shapers = list(shapers)
+        self.publish_every_steps = publish_every_steps
+        self.steps = steps
+        """Steps to train in all (0: until stopped)."""
+        self.hooks = hooks or LoopHooks()
+        self.wait_timeout_s = wait_timeout_s
+        self.step = 0
+        self.consumed: Counter[str] = Counter()
+        self._drained: Counter[str] = Counter()  # dropped while waiting for the next batch, by reason
+        self._drained_refs: list[tuple[str, str]] = []
+        self._waiting_since: float | None = None
+
+    # ------------------------------------------------------------------ state
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Continue from a checkpoint :meth:`finish_step` wrote (the backend restores its own part)."""
+        self.step = int(state["step"])
+        self.buffer.restore(state["buffer"])
+        self.monitors.restore(state["monitors"])
+        self.consumed = Counter(state["consumed"])
+        set_rng_state(state["rng"])
+
+    def write_progress(self) -> None:
+        self.progress(self.step, self.backend.version, dict(self.consumed))
+
+    @property
+    def done(self) -> bool:
+        return bool(self.steps) and self.step >= self.steps
+
+    # ------------------------------------------------------------------ batches
+    def next_batch(self) -> Any:
+        """The next batch at the backend's version, or None after ``wait_timeout_s`` (then groups that
+        can never be trained are settled, and ``hooks.on_waiting`` hears how long it has waited)."""
+        batch = self.buffer.wait_for_batch(self.backend.version, timeout_s=self.wait_timeout_s)
+        if batch is not None:
+            self._waiting_since = None
+            return batch
+        self.settle_drops()
+        if self._waiting_since is None:
+            self._waiting_since = time.time()
+        self.hooks.on_waiting(self._waiting_since, dict(self._drained))
+        return None
+
+    def settle_drops(self) -> None:
+        """Count groups that will never be trained (too stale) as consumed, so the fleet, held back by
+        its lead over the consumed count, produces fresh ones instead of waiting for the trainer."""
+        drops = self.buffer.resolve_drops(self.backend.version)
+        for drop in drops:
+            self.consumed[drop.ref.producer_id] += 1
+            self._drained[drop.reason] += 1
+            self._drained_refs.append((str(drop.ref), drop.reason))
+        if drops:
+            self.write_progress()
+
+    @staticmethod
+    def groups_of(batch: Any) -> tuple[list[Any], list[float] | None]:
+        """The groups to train on, and their weights (None when every group counts fully)."""
+        weights = [item.weight for item in batch.groups]  # < 1 for groups the buffer down-weighted (stale)
+        return [item.group for item in batch.groups], None if all(weight == 1.0 for weight in weights) else weights
+
+    def publishes_after(self, step: int) -> bool:
+        """Whether the weights are published after ``step``."""
+        return step % self.publish_every_steps == 0
+
+    # ------------------------------------------------------------------ steps
+    def train_step(self, batch: Any) -> StepResult:
+        """One whole step in this process: the backend's step, then :meth:`finish_step`."""
+        started = time.monotonic()
+        groups, weights = self.groups_of(batch)
+        metrics = self.backend.step(groups, weights=weights)
+        publish = self.publishes_after(self.step + 1)
+        tensors = dict(self.backend.named_full_state()) if publish else None
+        return self.finish_step(batch, metrics, weights=tensors, started=started)
+
+    def finish_step(self, batch: Any, metrics: dict[str, float], *, weights: Mapping[str, Any] | None,
+                    started: float) -> StepResult:
+        """Commit a step the backend has taken on ``batch``: publish ``weights`` (when given), monitor,
+        resolve its groups, checkpoint, write metrics and progress."""
+        self.step += 1
+        self.hooks.before_commit()  # nothing of this step is committed unless the process may still commit
+        for ref in [item.ref for item in batch.groups] + [item.ref for item in batch.dropped]:
+            self.consumed[ref.producer_id] += 1
+        metrics.update(batch.metrics.as_dict())
+        for reason, count in self._drained.items():  # dropped while waiting for this batch
+            name = f"buffer/dropped/{reason}"
+            metrics[name] = metrics.get(name, 0.0) + count
+        self._drained.clear()
+        for shaper in self.shapers:
+            metrics.update(shaper.metrics(self.step))
+        if weights is not None:
+            self.publisher.publish(weights, step=self.step, version=self.backend.version)
+        report = self.publisher.last_report
+        if report is not None:
+            metrics.update({"weight_sync/publish_s": report.copy_s + report.encode_s + report.upload_s + report.commit_s,
+                            "weight_sync/copy_s": report.copy_s, "weight_sync/delta_ratio": report.ratio,
+                            "weight_sync/version": float(report.version)})
+        metrics.update(self.hooks.extra_metrics())
+        texts = [turn.text or "" for item in batch.groups for trajectory in item.group.trajectories
+                 for segment in trajectory.segments for turn in segment.turns if turn.role == "assistant"]
+        added, alarms = self.monitors.observe(self.step, metrics, texts)
+        metrics.update(added)
+        for alarm in alarms:
+            self.hooks.on_alarm(self.step, alarm)
+        # What this step's checkpoint (its buffer cursor) resolves since the previous one, told first.
+        self.hooks.on_resolved(self.step, [str(item.ref) for item in batch.groups],
+                               self._drained_refs + [(str(item.ref), item.reason) for item in batch.dropped])
+        self._drained_refs = []
+        saved = self.checkpointer.save(self.step, {
+            "step": self.step, "trainer": self.backend.state_dict(), "buffer": msgspec.to_builtins(batch.state),
+            "monitors": self.monitors.state(), "rng": rng_state(), "consumed": dict(self.consumed)})
+        metrics["checkpoint/blocking_s"] = saved.blocking_s
+        metrics["trainer/wall_step_s"] = time.monotonic() - started
+        self.metrics.write(self.step, metrics)
+        self.write_progress()
+        self.hooks.on_step(self.step, self.backend.version, metrics, alarms)
+        return StepResult(self.step, self.backend.version, metrics, alarms)
+
+    # ------------------------------------------------------------------ the loop
+    def run(self, stop: threading.Event | None = None) -> int:
+        """Train until ``steps`` are done or ``stop`` is set (checked between steps); returns the step.
+
+        Single process; the weights are published first (engines bootstrap from them), numbered above
+        every version on the bus. A weight-repair request from an engine, seen while waiting, is
+        answered by republishing the current weights (a fresh snapshot).
+        """
+        stop = stop or threading.Event()
+        self.publish_current()
+        repair_checked = 0.0
+        while not stop.is_set() and not self.done:
+            batch = self.next_batch()
+            if batch is not None:
+                self.train_step(batch)
+            elif time.monotonic() - repair_checked > 5.0:
+                repair_checked = time.monotonic()
+                if self.publisher.repair_requested():
+                    self.publish_current()
+        return self.step
+
+    def publish_current(self) -> int:
+        """Publish the weights as they are now, numbered above every version on the bus; the version."""
+        self.backend.version = self.next_version()
+        self.publish(dict(self.backend.named_full_state()))
+        return int(self.backend.version)
+
+    def next_version(self) -> int:
+        """The number the current weights are published under: the backend's version, or above every
+        version on the bus (versions newer than a checkpoint may exist, published after it)."""
+        return max(int(self.backend.version), int(self.publisher.next_version))
+
+    def publish(self, weights: Mapping[str, Any]) -> None:
+        """Publish ``weights`` (the whole model) as the backend's version, wait for it, write progress."""
+        self.publisher.publish(weights, step=self.step, version=self.backend.version).result()
+        self.write_progress()
