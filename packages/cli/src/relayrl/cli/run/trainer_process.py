@@ -473,7 +473,7 @@ class RunHooks(LoopHooks):
         check_fence(self.process.bus)
 
     def extra_metrics(self) -> dict[str, float]:
-        rollout = _prefixed(self.process.layout.read_status("rollout").get("metrics", {}))
+        rollout = _numeric(self.process.layout.read_status("rollout").get("metrics", {}))
         return {**self.process.fleet.read(), **rollout}
 
     def on_resolved(self, step: int, trained: list[str], dropped: list[tuple[str, str]]) -> None:
@@ -504,7 +504,8 @@ class RunHooks(LoopHooks):
             "dropped_while_waiting": dict(dropped)})
 
 
-def _prefixed(metrics: dict[str, Any]) -> dict[str, float]:
+def _numeric(metrics: dict[str, Any]) -> dict[str, float]:
+    """The numeric entries of a status's metrics, as floats (the others are not metrics)."""
     return {name: float(value) for name, value in metrics.items() if isinstance(value, (int, float))}
 
 
