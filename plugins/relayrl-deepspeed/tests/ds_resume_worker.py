@@ -62,6 +62,13 @@ def main(stage: int, node_dir: str, peer_url: str, steps: int, out: str) -> None
     checkpointer = AsyncCheckpointer(open_store(node_dir), peers=[open_store(peer_url)] if peer_url != "-" else [],
                                      rank=rank, world_size=world)
     recovered = recover(checkpointer.local, checkpointer.peers)
+    # Every rank must resume the same step, as relayrl run's trainer ranks agree: the peer may still be
+    # finishing the last writes of the killed job while the ranks look, so one rank can see a step
+    # complete that another saw incomplete. The oldest step any rank found wins.
+    found = torch.tensor([recovered.step if recovered is not None else 0])
+    dist.all_reduce(found, op=dist.ReduceOp.MIN)
+    if recovered is not None and recovered.step != int(found):
+        recovered = recover(checkpointer.local, checkpointer.peers, at_most=int(found))
     start = 0
     if recovered is not None:
         trainer.load_state_dict(recovered.state["trainer"])
