@@ -33,7 +33,7 @@ import msgspec
 import msgspec.inspect as mi
 
 from relayrl.core.errors import ConfigError, PluginError
-from relayrl.core.plugins import lookup, registrations
+from relayrl.core.plugins import Registration, lookup, registrations
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -179,7 +179,7 @@ def convert(data: Any, type_: type[S], *, path: str = "") -> S:
 
 
 def resolve_plugin(pm: Any, hook_name: str, name: str, options: Mapping[str, Any] | None, *, kind: str,
-                   path: str, options_path: str | None = None) -> tuple[Any, Any]:
+                   path: str, options_path: str | None = None) -> tuple[Registration[Any], Any]:
     """Look plugin ``name`` up in a registry and decode its options: ``(registration, config)``.
 
     ``config`` is ``options`` decoded into the registration's declared ``config`` struct and checked
