@@ -21,7 +21,7 @@ typo in a loss option fails before a run starts::
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
@@ -30,6 +30,15 @@ from relayrl.algo.optim import OptimizerSection
 from relayrl.core.config import ConfigError, Section, resolve_plugin
 from relayrl.core.errors import PluginError
 from relayrl.core.plugins import Registration, lookup, registrations
+
+if TYPE_CHECKING:
+    from relayrl.algo.hookspecs import (
+        AdvantageEstimatorFactory,
+        LossFactory,
+        MismatchCorrectionFactory,
+        MonitorFactory,
+        RewardShaperFactory,
+    )
 
 __all__ = ["AlgoSection", "MonitorsSection", "SamplingSection", "advantage_estimators", "build", "build_monitors",
            "build_reward_shapers", "losses", "mismatch_corrections", "monitors", "reward_shapers"]
@@ -100,29 +109,29 @@ class AlgoSection(Section, kw_only=True):
 
 
 # ------------------------------------------------------------------------------ registries
-def losses(pm: Any = None) -> dict[str, Registration[Any]]:
+def losses(pm: Any = None) -> dict[str, Registration[LossFactory]]:
     """The ``relayrl_algo_losses`` registry."""
-    return registrations(pm, "relayrl_algo_losses")
+    return cast("dict[str, Registration[LossFactory]]", registrations(pm, "relayrl_algo_losses"))
 
 
-def advantage_estimators(pm: Any = None) -> dict[str, Registration[Any]]:
+def advantage_estimators(pm: Any = None) -> dict[str, Registration[AdvantageEstimatorFactory]]:
     """The ``relayrl_algo_advantage_estimators`` registry."""
-    return registrations(pm, "relayrl_algo_advantage_estimators")
+    return cast("dict[str, Registration[AdvantageEstimatorFactory]]", registrations(pm, "relayrl_algo_advantage_estimators"))
 
 
-def mismatch_corrections(pm: Any = None) -> dict[str, Registration[Any]]:
+def mismatch_corrections(pm: Any = None) -> dict[str, Registration[MismatchCorrectionFactory]]:
     """The ``relayrl_algo_mismatch_corrections`` registry."""
-    return registrations(pm, "relayrl_algo_mismatch_corrections")
+    return cast("dict[str, Registration[MismatchCorrectionFactory]]", registrations(pm, "relayrl_algo_mismatch_corrections"))
 
 
-def reward_shapers(pm: Any = None) -> dict[str, Registration[Any]]:
+def reward_shapers(pm: Any = None) -> dict[str, Registration[RewardShaperFactory]]:
     """The ``relayrl_algo_reward_shapers`` registry."""
-    return registrations(pm, "relayrl_algo_reward_shapers")
+    return cast("dict[str, Registration[RewardShaperFactory]]", registrations(pm, "relayrl_algo_reward_shapers"))
 
 
-def monitors(pm: Any = None) -> dict[str, Registration[Any]]:
+def monitors(pm: Any = None) -> dict[str, Registration[MonitorFactory]]:
     """The ``relayrl_algo_monitors`` registry."""
-    return registrations(pm, "relayrl_algo_monitors")
+    return cast("dict[str, Registration[MonitorFactory]]", registrations(pm, "relayrl_algo_monitors"))
 
 
 def build(hook_name: str, kind: str, name: str, options: dict[str, Any] | None = None, *, pm: Any = None,

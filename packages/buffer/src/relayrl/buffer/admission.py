@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from relayrl.buffer.config import BufferSection
 from relayrl.buffer.groups import PendingGroup
 from relayrl.core.plugins import Registration, lookup, registrations
+
+if TYPE_CHECKING:
+    from relayrl.buffer.hookspecs import AdmissionPolicyFactory
 
 HOOK = "relayrl_buffer_admission_policies"
 
@@ -125,9 +128,9 @@ class AdmissionChain:
         return Admission(weight=weight, weight_reason="+".join(reasons))
 
 
-def admission_policies(pm: Any = None) -> dict[str, Registration[Any]]:
+def admission_policies(pm: Any = None) -> dict[str, Registration[AdmissionPolicyFactory]]:
     """The ``relayrl_buffer_admission_policies`` registry: name -> Registration of a policy factory."""
-    return registrations(pm, HOOK)
+    return cast("dict[str, Registration[AdmissionPolicyFactory]]", registrations(pm, HOOK))
 
 
 def build_admission(config: BufferSection, pm: Any = None) -> AdmissionChain:

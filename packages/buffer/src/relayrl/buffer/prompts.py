@@ -26,7 +26,7 @@ import hashlib
 import random
 import struct
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
@@ -34,6 +34,9 @@ from relayrl.buffer.config import PromptsSection
 from relayrl.core import wire
 from relayrl.core.errors import WireError
 from relayrl.core.plugins import Registration, lookup, registrations
+
+if TYPE_CHECKING:
+    from relayrl.buffer.hookspecs import PromptSchedulerFactory
 
 HOOK = "relayrl_buffer_prompt_schedulers"
 
@@ -201,9 +204,9 @@ class PromptScheduler:
         return out
 
 
-def prompt_schedulers(pm: Any = None) -> dict[str, Registration[Any]]:
+def prompt_schedulers(pm: Any = None) -> dict[str, Registration[PromptSchedulerFactory]]:
     """The ``relayrl_buffer_prompt_schedulers`` registry: name -> Registration of a scheduler factory."""
-    return registrations(pm, HOOK)
+    return cast("dict[str, Registration[PromptSchedulerFactory]]", registrations(pm, HOOK))
 
 
 def create_prompt_scheduler(tasks: Sequence[Any], config: PromptsSection | None = None, *, seed: int = 0,

@@ -19,7 +19,7 @@ trainer's host validates the same file but never runs a sandbox.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import msgspec
 
@@ -27,6 +27,9 @@ from relayrl.core.config import ConfigError, Section
 from relayrl.core.errors import PluginError
 from relayrl.core.plugins import Registration, lookup, registrations
 from relayrl.sandbox.api import CAPABILITIES, Limits, SandboxBackend, SandboxUnavailable
+
+if TYPE_CHECKING:
+    from relayrl.sandbox.hookspecs import ExploitDetectorFactory, SandboxBackendFactory, TaskSourceFactory
 
 __all__ = ["AUTO", "DEFAULT_DETECTORS", "DEFAULT_REFERENCE_GLOBS", "DEFAULT_REQUIRE", "SandboxSection", "backends",
            "describe_protections", "exploit_detectors", "open_backend", "task_sources"]
@@ -106,19 +109,19 @@ class SandboxSection(Section, kw_only=True):
                 raise ConfigError(f"{path}.limits.{field.name}: must be > 0")
 
 
-def backends(pm: Any = None) -> dict[str, Registration[Any]]:
+def backends(pm: Any = None) -> dict[str, Registration[SandboxBackendFactory]]:
     """The ``relayrl_sandbox_backends`` registry."""
-    return registrations(pm, "relayrl_sandbox_backends")
+    return cast("dict[str, Registration[SandboxBackendFactory]]", registrations(pm, "relayrl_sandbox_backends"))
 
 
-def exploit_detectors(pm: Any = None) -> dict[str, Registration[Any]]:
+def exploit_detectors(pm: Any = None) -> dict[str, Registration[ExploitDetectorFactory]]:
     """The ``relayrl_sandbox_exploit_detectors`` registry."""
-    return registrations(pm, "relayrl_sandbox_exploit_detectors")
+    return cast("dict[str, Registration[ExploitDetectorFactory]]", registrations(pm, "relayrl_sandbox_exploit_detectors"))
 
 
-def task_sources(pm: Any = None) -> dict[str, Registration[Any]]:
+def task_sources(pm: Any = None) -> dict[str, Registration[TaskSourceFactory]]:
     """The ``relayrl_sandbox_task_sources`` registry."""
-    return registrations(pm, "relayrl_sandbox_task_sources")
+    return cast("dict[str, Registration[TaskSourceFactory]]", registrations(pm, "relayrl_sandbox_task_sources"))
 
 
 def open_backend(name: str | None = None, *, section: SandboxSection | None = None, pm: Any = None,
