@@ -667,3 +667,24 @@ def test_a_corrupt_bridge_needs_no_repair_the_snapshot_route_is_intact(store):
     assert report.route == "snapshot" and report.retried and engine_equals(engine, state(4))
     assert not WeightBus(store).repair_requests()
     publisher.close()
+
+
+def test_a_restarted_publisher_adopts_a_committed_version_with_the_same_bits(store):
+    # A resumed deterministic trainer redoes steps whose versions are on the bus already: the same
+    # bits under the same number are adopted (the base of the next delta), never published twice.
+    first = Publisher(store, background=False)
+    publish(first, 1, 2)
+    first.close()
+    restarted = Publisher(store, background=False)
+    assert restarted.next_version == 3 and restarted.committed(2) and not restarted.committed(5)
+    assert not restarted.adopt(2, state(1))  # other bits under that number
+    assert not restarted.adopt(5, state(5))  # not on the bus
+    assert restarted.adopt(2, state(2))
+    assert WeightBus(store).committed_versions() == [1, 2]  # nothing was published
+    report = restarted.publish(state(3)).result()
+    assert report.version == 3 and report.kind == "delta"  # a delta onto the adopted version 2
+    assert WeightBus(store).read_manifest(3).parent == 2
+    engine = fresh_engine()
+    Controller(store, engine).poll_once()
+    assert engine.served_version == 3 and engine_equals(engine, state(3))
+    restarted.close()

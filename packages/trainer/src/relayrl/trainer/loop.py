@@ -55,7 +55,7 @@ class BatchSource(Protocol):
 
     def resolve_drops(self, trainer_version: int) -> Sequence[Any]: ...
 
-    def restore(self, state: Any) -> None: ...
+    def restore(self, state: Any, *, rebalance: bool = True) -> None: ...
 
 
 class WeightPublisher(Protocol):
@@ -65,6 +65,10 @@ class WeightPublisher(Protocol):
     last_report: Any
 
     def publish(self, tensors: Mapping[str, Any], *, step: int = 0, version: int | None = None) -> Any: ...
+
+    def committed(self, version: int) -> bool: ...
+
+    def adopt(self, version: int, tensors: Mapping[str, Any]) -> bool: ...
 
     def repair_requested(self) -> bool: ...
 
@@ -97,6 +101,10 @@ class LoopHooks:
     def on_waiting(self, waiting_since: float, dropped: Mapping[str, int]) -> None:
         """No batch is ready (called every ``wait_timeout_s`` while waiting)."""
 
+    def on_renumbered(self, version: int, published_as: int) -> None:
+        """The weights of ``version`` went out as ``published_as``: the bus held other bits under that
+        number (a resume that did not reproduce the crashed run's step, or a non-deterministic run)."""
+
 
 @dataclass
 class StepResult:
@@ -114,7 +122,7 @@ class TrainingLoop:
     def __init__(self, backend: Any, *, buffer: BatchSource, publisher: WeightPublisher, checkpointer: Checkpointer,
                  monitors: Any, metrics: Any, progress: Callable[[int, int, dict[str, int]], None],
                  shapers: Sequence[Any] = (), publish_every_steps: int = 1, steps: int = 0,
-                 hooks: LoopHooks | None = None, wait_timeout_s: float = 0.5) -> None:
+                 hooks: LoopHooks | None = None, wait_timeout_s: float = 0.5, reproducible: bool = False) -> None:
         self.backend = backend
         self.buffer = buffer
         self.publisher = publisher
@@ -129,6 +137,9 @@ class TrainingLoop:
         """Steps to train in all (0: until stopped)."""
         self.hooks = hooks or LoopHooks()
         self.wait_timeout_s = wait_timeout_s
+        self.reproducible = reproducible
+        """Deterministic training: a resumed loop redoes the crashed run's steps bit for bit, so it keeps
+        its version numbers (the same bits under the same numbers; the buffer admits the same groups)."""
         self.step = 0
         self.consumed: Counter[str] = Counter()
         self._drained: Counter[str] = Counter()  # dropped while waiting for the next batch, by reason
@@ -139,7 +150,9 @@ class TrainingLoop:
     def restore(self, state: Mapping[str, Any]) -> None:
         """Continue from a checkpoint :meth:`finish_step` wrote (the backend restores its own part)."""
         self.step = int(state["step"])
-        self.buffer.restore(state["buffer"])
+        # A reproducible loop redoes the lost steps on the same batches: no re-balancing of the backlog
+        # (which draws the batches after a restore stratified to the running mix).
+        self.buffer.restore(state["buffer"], rebalance=not self.reproducible)
         self.monitors.restore(state["monitors"])
         self.consumed = Counter(state["consumed"])
         set_rng_state(state["rng"])
@@ -212,7 +225,7 @@ class TrainingLoop:
         for shaper in self.shapers:
             metrics.update(shaper.metrics(self.step))
         if weights is not None:
-            self.publisher.publish(weights, step=self.step, version=self.backend.version)
+            self._publish(weights, wait=False)
         report = self.publisher.last_report
         if report is not None:
             metrics.update({"weight_sync/publish_s": report.copy_s + report.encode_s + report.upload_s + report.commit_s,
@@ -257,21 +270,38 @@ class TrainingLoop:
             elif time.monotonic() - repair_checked > 5.0:
                 repair_checked = time.monotonic()
                 if self.publisher.repair_requested():
-                    self.publish_current()
+                    self.publish_current(renumber=True)
         return self.step
 
-    def publish_current(self) -> int:
-        """Publish the weights as they are now, numbered above every version on the bus; the version."""
-        self.backend.version = self.next_version()
-        self.publish(dict(self.backend.named_full_state()))
+    def publish_current(self, *, renumber: bool = False) -> int:
+        """Publish the weights as they are now (at start-up: engines bootstrap from them); the version."""
+        return self.publish_start(dict(self.backend.named_full_state()), renumber=renumber)
+
+    def publish_start(self, weights: Mapping[str, Any], *, renumber: bool = False) -> int:
+        """At start-up (fresh or resumed), or with ``renumber`` to answer a repair request (a fresh
+        snapshot under a new number): publish ``weights``, the whole model; the version they are
+        published under.
+
+        Reproducible (deterministic) training keeps the backend's version at start-up: versions the
+        crashed run published after its checkpoint will be redone with the same bits, so they stand,
+        and nothing is republished (the same bits are on the bus under the number already). Otherwise
+        the weights go out numbered above every version on the bus (newer versions hold other weights).
+        """
+        if renumber or not self.reproducible:
+            self.backend.version = max(int(self.backend.version), int(self.publisher.next_version))
+        self._publish(weights, wait=True, start=True)
+        self.write_progress()
         return int(self.backend.version)
 
-    def next_version(self) -> int:
-        """The number the current weights are published under: the backend's version, or above every
-        version on the bus (versions newer than a checkpoint may exist, published after it)."""
-        return max(int(self.backend.version), int(self.publisher.next_version))
-
-    def publish(self, weights: Mapping[str, Any]) -> None:
-        """Publish ``weights`` (the whole model) as the backend's version, wait for it, write progress."""
-        self.publisher.publish(weights, step=self.step, version=self.backend.version).result()
-        self.write_progress()
+    def _publish(self, weights: Mapping[str, Any], *, wait: bool, start: bool = False) -> None:
+        version = int(self.backend.version)
+        if version < self.publisher.next_version:  # the bus went further: a resumed, reproducible loop
+            if self.publisher.adopt(version, weights):
+                return  # a redone step: exactly these bits are that version already
+            if start and not self.publisher.committed(version):
+                return  # a version the run never published (every K steps): the newer ones stand
+            self.backend.version = int(self.publisher.next_version)
+            self.hooks.on_renumbered(version, int(self.backend.version))
+        future = self.publisher.publish(weights, step=self.step, version=self.backend.version)
+        if wait:
+            future.result()

@@ -26,9 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from relayrl.core.errors import ObjectNotFound
 from relayrl.core.store import Store
 from relayrl.core.wire import TensorEntry, WeightManifest
 from relayrl.weight_sync import bits as tensor_bits
+from relayrl.weight_sync.checksum import tensor_checksum
 from relayrl.weight_sync.codecs import DEFAULT_DELTA_CODEC, DEFAULT_FULL_CODEC, Codec, Encoded, EncodeItem, make_codec
 from relayrl.weight_sync.config import WeightSyncSection
 from relayrl.weight_sync.errors import ConcurrentWriter, WeightSyncError
@@ -210,6 +212,37 @@ class Publisher:
         except Exception as exc:  # a failed listing must not fail the publish
             log.warning("listing repair requests failed: %s", exc)
             return []
+
+    def committed(self, version: int) -> bool:
+        """Whether ``version`` is committed on the bus."""
+        return self.bus.exists(version)
+
+    def adopt(self, version: int, tensors: Mapping[str, Any]) -> bool:
+        """Whether ``tensors`` are exactly the committed ``version`` (every tensor's checksum); then
+        they become the base of the next delta, and nothing is published.
+
+        A resumed deterministic trainer redoes the steps a crashed run took after its last checkpoint;
+        their versions are on the bus already, with the same bits under the same numbers. False (and
+        nothing changes) when the version is not committed or holds other bits.
+        """
+        with self._lock:
+            self.wait()
+            try:
+                manifest = self.bus.read_manifest(version, cached=False)
+            except ObjectNotFound:
+                return False
+            expected = {entry.name: entry.checksum for entry in manifest.tensors}
+            if set(expected) != set(tensors):
+                return False
+            current = self._copy_to_cpu(tensors)
+            if any(tensor_checksum(bits, self.pool) != expected[name] for name, bits in current.items()):
+                self._spare = current
+                return False
+            if self._base_version is None or version > self._base_version:
+                self._spare = self._base or {}
+                self._base, self._base_version = current, version
+                self._snapshot_version = version if manifest.kind == "full" else manifest.snapshot
+            return True
 
     def repair_requested(self) -> bool:
         """Whether a follower asked for a fresh snapshot (a trainer with nothing to train republishes)."""

@@ -252,16 +252,15 @@ class TrainerProcess:
             progress=lambda step, version, consumed: write_progress(
                 self.bus, Progress(step=step, version=version, consumed=consumed)),
             publish_every_steps=self.config.weight_sync.publish_every_steps, steps=self.config.trainer.steps,
-            hooks=RunHooks(self))
+            hooks=RunHooks(self), reproducible=self.config.run.deterministic)
 
-    def _publish_current(self) -> None:
-        """Publish the weights as they are now, numbered above every version on the bus (every rank calls it)."""
-        version = self.loop.next_version() if self.loop is not None else None
+    def _publish_current(self, *, renumber: bool = False) -> None:
+        """Publish the weights as they are now (every rank calls it: gathering them is collective); the
+        leader's loop decides the version (see ``TrainingLoop.publish_start``) and every rank adopts it."""
+        weights = self._weights()
+        version = self.loop.publish_start(weights, renumber=renumber) if self.loop is not None else None
         # Elastic ranks take the version with the leader's state when they (re)join.
         self.trainer.version = version if self.ranks.elastic else self.ranks.broadcast(version)
-        weights = self._weights()  # collective: every rank gathers
-        if self.loop is not None:
-            self.loop.publish(weights)
 
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
@@ -297,7 +296,7 @@ class TrainerProcess:
                 if decision.kind == "train":
                     self._train_on(decision)
                 elif decision.kind == "republish":
-                    self._publish_current()
+                    self._publish_current(renumber=True)
                     if leader:
                         write_event(self.layout, "trainer", "weights-repaired",
                                     f"an engine could not verify the published weights; republished them as "
@@ -488,6 +487,12 @@ class RunHooks(LoopHooks):
         self.process.layout.write_status("trainer", {"phase": "training", "step": step,
                                                      "steps": self.process.config.trainer.steps, "version": version,
                                                      "alarms": [alarm.message for alarm in alarms]})
+
+    def on_renumbered(self, version: int, published_as: int) -> None:
+        write_event(self.process.layout, "trainer", "weights-renumbered",
+                    f"the weights of version {version} went out as version {published_as}: the bus already held "
+                    f"other weights under that number", level="warning" if self.process.config.run.deterministic else "info",
+                    data={"version": version, "published_as": published_as})
 
     def on_waiting(self, waiting_since: float, dropped: Mapping[str, int]) -> None:
         """While no batch is ready: say since when, and what the buffer did with what arrived (the
