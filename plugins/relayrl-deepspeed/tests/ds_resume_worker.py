@@ -69,6 +69,9 @@ def main(stage: int, node_dir: str, peer_url: str, steps: int, out: str) -> None
     dist.all_reduce(found, op=dist.ReduceOp.MIN)
     if recovered is not None and recovered.step != int(found):
         recovered = recover(checkpointer.local, checkpointer.peers, at_most=int(found))
+    # The steps after it are redone: this rank's files of them (on the peer too) would block their
+    # commits, as in relayrl run's trainer ranks.
+    checkpointer.discard_after(int(found))
     start = 0
     if recovered is not None:
         trainer.load_state_dict(recovered.state["trainer"])
