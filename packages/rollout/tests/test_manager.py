@@ -136,6 +136,57 @@ def test_a_fleet_held_back_commits_its_open_segment_so_the_trainer_can_catch_up(
     assert asyncio.run(scenario()) == 3 == manager.committed_groups  # all three it holds, in a partial segment
 
 
+class SecondGroupTies(IndexGrader):
+    """IndexGrader, except that the second group graded earns the same reward everywhere (zero variance)."""
+
+    def __init__(self) -> None:
+        self.graded = 0
+
+    async def grade(self, task, trajectories, answers):
+        self.graded += 1
+        if self.graded == 2:
+            return [with_rewards(t, 1.0, success=1.0) for t in trajectories]
+        return await super().grade(task, trajectories, answers)
+
+
+def test_synchronous_mode_generates_one_batch_with_the_trainers_weights_then_waits(tmp_path):
+    store = open_store(str(tmp_path / "bus"))
+    engine = ScriptedEngine(["answer"] * 1000, "unused", version=1)
+
+    async def served_version():
+        return engine.version
+
+    manager = RolloutManager(scheduler=PromptScheduler([TaskSpec(task_id="t", instruction="q")], seed=0),
+                             harness=SingleTurn(), proxy=TokenRecordingProxy(engine), chat=CHAT,
+                             sampling=SamplingParams(), grader=SecondGroupTies(),
+                             writer=SegmentWriter(store, "rollout-s", groups_per_segment=8), store=store,
+                             group_size=2, max_concurrent_groups=8, progress_poll_s=0.01, skip_zero_variance=True,
+                             synchronous_batch=3, served_version=served_version)
+    seen = []
+
+    async def scenario():
+        runner = asyncio.create_task(manager.run())
+        await asyncio.sleep(0.5)
+        seen.append((manager.committed_groups, manager.graded_groups, Buffer(store).poll()))
+        # The trainer trains on the batch and publishes version 2; the engine still serves version 1.
+        write_progress(store, Progress(step=1, version=2, consumed={"rollout-s": 3}))
+        await asyncio.sleep(0.5)
+        seen.append((manager.committed_groups, manager.graded_groups))
+        engine.version = 2
+        await asyncio.sleep(0.5)
+        seen.append((manager.committed_groups, manager.graded_groups))
+        manager.stop()
+        await runner
+
+    asyncio.run(scenario())
+    # Exactly one batch (the zero-variance group replaced, nothing more), committed whole; no group
+    # while the engine serves older weights than the trainer's; then exactly the next batch.
+    assert seen == [(3, 4, 3), (3, 4), (6, 7)]
+    segments = [codec.decode_compressed(store.get(key), wire.RolloutSegment, what=key) for key in store.list("rollouts/")]
+    versions = [group.trajectories[0].policy_version_range() for segment in segments for group in segment.groups]
+    assert versions == [(1, 1)] * 3 + [(2, 2)] * 3  # every group sampled by the trainer's current weights
+
+
 def test_code_task_in_real_sandboxes_graded_by_the_isolated_grader(tmp_path):
     """A shipped bug-fix task: one agent fixes the bug with the edit tool, one reads and gives up."""
     from relayrl.rollout.environments import SandboxEnvironment

@@ -197,7 +197,35 @@ def test_expert_summary_keeps_what_is_found_and_what_is_left():
     ({"demonstration_styles": {"parallel": 0.0}}, "demonstration_styles"), ({"directories": 11}, "directories"),
     ({"directories": 0, "files": [4, 40]}, "files"),
     ({"demonstration_styles": {"parallel": -1.0, "sequential": 2.0}}, "demonstration_styles"),
+    ({"tool_latency_s": [0.5]}, "tool_latency_s"), ({"tool_latency_s": [0.0, 1.0]}, "tool_latency_s"),
+    ({"tool_latency_s": [2.0, 1.0]}, "tool_latency_s"),
 ])
 def test_bad_options_name_their_key(options, key):
     with pytest.raises(ConfigError, match=rf"env\.{key}"):
         CodeSearchConfig(**options).check(None, "env")
+
+
+def test_simulated_tool_latency_delays_each_turn_by_its_slowest_call_and_is_reported():
+    """tool_latency_s (for benchmarks of asynchrony): real sandboxed results, each call's wall time
+    raised by its draw, and a turn of parallel calls waiting only for its slowest draw."""
+    from relayrl.core.wire import ToolCall
+
+    environment = CodeSearchEnvironment(CodeSearchConfig(tool_latency_s=[0.2, 0.4]))
+    task = environment.tasks()[0]
+    identifier = task.metadata["identifiers"][0]
+    calls = [ToolCall(id=f"c{index}", name="grep", arguments={"pattern": identifier}) for index in range(4)]
+
+    async def one_turn():
+        async with environment.tools(task) as tools:
+            started = asyncio.get_running_loop().time()
+            results = await tools.execute(calls)
+            return results, asyncio.get_running_loop().time() - started
+
+    try:
+        results, elapsed = asyncio.run(one_turn())
+    finally:
+        environment.close()
+    assert [result.call_id for result in results] == ["c0", "c1", "c2", "c3"]
+    assert all(result.exit_status == 0 and result.wall_time_s >= 0.2 for result in results), results
+    assert max(result.wall_time_s for result in results) <= elapsed  # waited for the slowest draw, once
+    assert elapsed < sum(result.wall_time_s for result in results)

@@ -71,6 +71,11 @@ class RolloutSection(Section, kw_only=True):
     max_concurrent_groups: int = 16
     max_ahead_groups: int = 32
     """Groups the fleet may run ahead of the trainer (back-pressure; see relayrl.rollout.manager)."""
+    synchronous: bool = False
+    """The synchronous baseline: generate one batch (``buffer.batch_groups`` groups) with the trainer's
+    current weights, wait for the trainer to train on it and for the engines to serve its new weights,
+    repeat. For measuring what asynchrony gains (``benchmarks/async_vs_sync.py``); see
+    relayrl.rollout.manager. ``max_ahead_groups`` does not apply."""
     skip_zero_variance: bool = True
     """Do not commit groups whose samples all earned the same reward (no signal); they are still counted."""
     producer_id: str = "rollout-0"

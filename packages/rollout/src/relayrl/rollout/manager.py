@@ -11,6 +11,14 @@ consumed from each producer). The manager starts no new group while it is more t
 the bus with rollouts that will be too stale to train on. While it waits it commits its open
 segment (a partial one), so that every group it counts as ahead is visible to the trainer.
 
+**Synchronous mode** (``synchronous_batch``, ``[rollout] synchronous``): the baseline against
+which asynchrony is measured. The fleet generates exactly one batch with the weights the trainer
+holds, then waits until the trainer has trained on it and every engine serves the weights it
+published, and only then starts the next batch: generation and training alternate, every group is
+sampled by the trainer's current policy (staleness 0), and nothing generated goes to waste. It
+starts only as many groups as the batch still lacks (a zero-variance group that is not committed is
+replaced), so no surplus group is left over to go stale.
+
 **Zero-variance groups.** A group whose samples all earned the same reward has zero advantage
 everywhere: no learning signal. With ``skip_zero_variance`` the manager does not commit it (early in
 a run that is most groups, and committing them would also count against ``max_ahead_groups``);
@@ -32,7 +40,7 @@ import signal
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import msgspec
@@ -81,7 +89,8 @@ class RolloutManager:
                  sampling: SamplingParams, grader: Grader, writer: Any, store: Store | None = None,
                  tools: ToolsFactory = no_tools, shapers: Sequence[Any] = (), group_size: int = 8,
                  max_concurrent_groups: int = 4, max_ahead_groups: int = 64, progress_poll_s: float = 0.5,
-                 skip_zero_variance: bool = False, zero_variance_tolerance: float = 1e-6) -> None:
+                 skip_zero_variance: bool = False, zero_variance_tolerance: float = 1e-6,
+                 synchronous_batch: int = 0, served_version: Callable[[], Awaitable[int]] | None = None) -> None:
         self.scheduler = scheduler
         self.harness = harness
         self.proxy = proxy
@@ -98,6 +107,10 @@ class RolloutManager:
         self.progress_poll_s = progress_poll_s
         self.skip_zero_variance = skip_zero_variance
         self.zero_variance_tolerance = zero_variance_tolerance
+        self.synchronous_batch = synchronous_batch
+        """Groups per batch of the synchronous mode (0: asynchronous; see the module docstring)."""
+        self.served_version = served_version
+        """The oldest weight version the engines serve (the synchronous mode waits for the trainer's)."""
         self.committed_groups = 0
         self.graded_groups = 0
         self.skipped_groups = 0
@@ -187,12 +200,15 @@ class RolloutManager:
 
         With ``handle_signals``, SIGTERM and SIGINT call :meth:`stop` (the main thread's loop only).
         """
-        slots = asyncio.Semaphore(self.max_concurrent_groups)
-        started = 0
         if handle_signals:
             loop = asyncio.get_running_loop()
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(signum, self.stop)
+        if self.synchronous_batch:
+            await self._run_synchronously(max_groups)
+            return
+        slots = asyncio.Semaphore(self.max_concurrent_groups)
+        started = 0
         try:
             while not self._stopping.is_set() and (max_groups is None or started < max_groups):
                 await slots.acquire()
@@ -217,6 +233,49 @@ class RolloutManager:
                 job.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await asyncio.get_running_loop().run_in_executor(None, self.writer.flush)
+
+    async def _run_synchronously(self, max_groups: int | None) -> None:
+        """One batch at a time, each with the trainer's current weights (see the module docstring)."""
+        started = 0
+        in_flight: set[asyncio.Task[Any]] = self._tasks
+        try:
+            while not self._stopping.is_set() and (max_groups is None or started < max_groups):
+                missing = await self._wait_for_the_trainer()
+                committed_before = self.committed_groups
+                while not self._stopping.is_set():
+                    lacking = missing - (self.committed_groups - committed_before) - len(in_flight)
+                    while (lacking > 0 and len(in_flight) < self.max_concurrent_groups
+                           and (max_groups is None or started < max_groups)):
+                        in_flight.add(asyncio.create_task(self.run_group(self.scheduler.next().task)))
+                        started += 1
+                        lacking -= 1
+                    if not in_flight:
+                        break
+                    done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
+                    for job in done:
+                        in_flight.discard(job)
+                        job.result()  # a group that failed fails the fleet, as in the asynchronous mode
+                    if self.committed_groups - committed_before >= missing:
+                        break
+                await self._flush_open_segment()  # the whole batch, visible to the trainer at once
+        finally:
+            for job in in_flight:
+                job.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+            in_flight.clear()
+            await asyncio.get_running_loop().run_in_executor(None, self.writer.flush)
+
+    async def _wait_for_the_trainer(self) -> int:
+        """Wait until the engines serve the trainer's newest weights and the trainer lacks groups for its
+        next batch; return how many it lacks (a whole batch, unless it dropped some of the last one)."""
+        while not self._stopping.is_set():
+            version = read_progress(self.store).version if self.store is not None else 0
+            missing = self.synchronous_batch - max(self._ahead(), 0)
+            if missing > 0 and (self.served_version is None or await self.served_version() >= version):
+                return missing
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.progress_poll_s)
+        return 0
 
     def stop(self) -> None:
         """Stop starting groups; in-flight ones are cancelled, complete ones committed."""

@@ -35,11 +35,12 @@ import asyncio
 import contextlib
 import inspect
 import json
+import math
 import random
 import re
 import string
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -259,8 +260,16 @@ class CodeSearchConfig(Section, kw_only=True):
     """Weights of the demonstrations' :data:`STYLES` (default: experts only, half of them parallel)."""
     grade_window_s: float = 0.02
     """Answers arriving within this window are graded by one sandbox command."""
+    tool_latency_s: list[float] = []
+    """``[min, max]``: each tool call also waits a log-uniform draw from this range before its result
+    returns, and reports it in its wall time (a simulated remote service or slow build; the calls of
+    one turn wait concurrently). For measuring what asynchrony gains under realistic tool latency
+    (``benchmarks/async_vs_sync.py --workload agent``); empty: none."""
 
     def check(self, pm: object, path: str) -> None:
+        latency = self.tool_latency_s
+        if latency and (len(latency) != 2 or not 0 < latency[0] <= latency[1] < float("inf")):
+            raise ConfigError(f"{path}.tool_latency_s: must be [min, max] seconds with 0 < min <= max, got {latency}")
         for key in ("files", "identifiers"):
             bounds = getattr(self, key)
             if len(bounds) != 2 or not 1 <= bounds[0] <= bounds[1]:
@@ -287,6 +296,29 @@ class CodeSearchConfig(Section, kw_only=True):
                               else f"{path}.tools: give the agent at least one tool")
 
 
+class SlowTools:
+    """A tool executor whose every call takes ``draw()`` seconds longer (``tool_latency_s``): the
+    wait is asynchronous (no thread or core held) and included in each result's wall time."""
+
+    def __init__(self, tools: Any, draw: Callable[[], float]) -> None:
+        self.inner = tools
+        self.draw = draw
+
+    @property
+    def tool_names(self) -> Sequence[str]:
+        return self.inner.tool_names
+
+    def final_answer(self) -> str:
+        return str(self.inner.final_answer())
+
+    async def execute(self, calls: Sequence[Any]) -> list[Any]:
+        delays = [self.draw() for _ in calls]
+        results = await self.inner.execute(calls)
+        await asyncio.sleep(max(delays, default=0.0))  # the calls of a turn run concurrently
+        return [msgspec.structs.replace(result, wall_time_s=result.wall_time_s + delay)
+                for result, delay in zip(results, delays)]
+
+
 class CodeSearchEnvironment(Environment):
     """Environment ``code-search``: generated repositories, search tools in sandboxes, sandboxed F1."""
 
@@ -299,6 +331,7 @@ class CodeSearchEnvironment(Environment):
 
         self.config = config or CodeSearchConfig()
         self._sandbox_section = sandbox
+        self._latency = random.Random(self.config.seed)  # draws of the simulated tool latency
         self.grader = BatchedSandboxGrader(GRADE_SCRIPT, name="code-search", sandbox=sandbox, pm=pm,
                                            window_s=self.config.grade_window_s)
 
@@ -334,7 +367,11 @@ class CodeSearchEnvironment(Environment):
             try:
                 toolbox = ToolBox.from_section(sandbox, self._sandbox_section or SandboxSection())
                 toolbox.tools = {name: tool for name, tool in toolbox.tools.items() if name in self.config.tools}
-                yield toolbox
+                if self.config.tool_latency_s:
+                    low, high = self.config.tool_latency_s
+                    yield SlowTools(toolbox, lambda: math.exp(self._latency.uniform(math.log(low), math.log(high))))
+                else:
+                    yield toolbox
             finally:
                 await asyncio.to_thread(sandbox.close)
 

@@ -72,6 +72,12 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
     bus = layout.bus(config)
     training, held_out = split_tasks(environment)  # the scheduler never sees a held-out task
     proxy = TokenRecordingProxy(router)
+
+    async def served_version() -> int:
+        """The oldest weight version a live engine serves (the synchronous mode waits for the trainer's)."""
+        health = await asyncio.gather(*(engine.health() for engine in engines))
+        return min((int(item.get("version", 0)) for item in health if item.get("alive", True)), default=0)
+
     manager = RolloutManager(
         scheduler=create_prompt_scheduler(training, config.buffer.prompts, seed=config.run.seed, pm=pm),
         harness=build_harness(section, pm=pm), proxy=proxy, chat=chat, sampling=params,
@@ -79,7 +85,10 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         tools=environment.tools, shapers=build_reward_shapers(config.algo, pm=pm), group_size=section.group_size,
         max_concurrent_groups=section.max_concurrent_groups, max_ahead_groups=section.max_ahead_groups,
         progress_poll_s=0.1, skip_zero_variance=section.skip_zero_variance,
-        zero_variance_tolerance=config.buffer.zero_variance_tolerance)
+        zero_variance_tolerance=config.buffer.zero_variance_tolerance,
+        synchronous_batch=config.buffer.batch_groups if section.synchronous else 0,
+        # Engines a router discovers are not listed here: then only the trainer's progress is waited for.
+        served_version=served_version if engines else None)
 
     health: list[dict[str, Any]] = []
 
