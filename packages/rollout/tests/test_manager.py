@@ -181,10 +181,33 @@ def test_synchronous_mode_generates_one_batch_with_the_trainers_weights_then_wai
     asyncio.run(scenario())
     # Exactly one batch (the zero-variance group replaced, nothing more), committed whole; no group
     # while the engine serves older weights than the trainer's; then exactly the next batch.
-    assert seen == [(3, 4, 3), (3, 4), (6, 7)]
+    assert seen == [(3, 4, 3), (3, 4), (6, 7)]  # and stop() ended it cleanly, with the next batch in flight
     segments = [codec.decode_compressed(store.get(key), wire.RolloutSegment, what=key) for key in store.list("rollouts/")]
     versions = [group.trajectories[0].policy_version_range() for segment in segments for group in segment.groups]
     assert versions == [(1, 1)] * 3 + [(2, 2)] * 3  # every group sampled by the trainer's current weights
+
+
+def test_synchronous_mode_stops_cleanly_with_a_batch_in_flight(tmp_path):
+    class SlowGrader(IndexGrader):
+        async def grade(self, task, trajectories, answers):
+            await asyncio.sleep(5)
+            return await super().grade(task, trajectories, answers)
+
+    store = open_store(str(tmp_path / "bus"))
+    manager = RolloutManager(scheduler=PromptScheduler([TaskSpec(task_id="t", instruction="q")], seed=0),
+                             harness=SingleTurn(), proxy=TokenRecordingProxy(ScriptedEngine(["a"] * 100, "unused")),
+                             chat=CHAT, sampling=SamplingParams(), grader=SlowGrader(),
+                             writer=SegmentWriter(store, "rollout-t", groups_per_segment=8), store=store,
+                             group_size=2, max_concurrent_groups=8, progress_poll_s=0.01, synchronous_batch=3)
+
+    async def scenario():
+        runner = asyncio.create_task(manager.run())
+        await asyncio.sleep(0.3)
+        manager.stop()
+        await asyncio.wait_for(runner, 3)  # no error, and no waiting for the groups being graded
+
+    asyncio.run(scenario())
+    assert manager.committed_groups == 0 and not store.list("rollouts/")
 
 
 def test_code_task_in_real_sandboxes_graded_by_the_isolated_grader(tmp_path):

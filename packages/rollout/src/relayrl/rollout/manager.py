@@ -254,7 +254,8 @@ class RolloutManager:
                     done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     for job in done:
                         in_flight.discard(job)
-                        job.result()  # a group that failed fails the fleet, as in the asynchronous mode
+                        if not job.cancelled():  # cancelled: stop() was called
+                            job.result()  # a group that failed fails the fleet
                     if self.committed_groups - committed_before >= missing:
                         break
                 await self._flush_open_segment()  # the whole batch, visible to the trainer at once
