@@ -114,6 +114,34 @@ def test_back_pressure_waits_for_the_trainer(tmp_path):
     assert read_progress(store).consumed == {"rollout-1": 2}
 
 
+@pytest.mark.parametrize("synchronous", [False, True])
+def test_a_restarted_producer_keeps_its_lead_limit(tmp_path, synchronous):
+    """A producer that restarts counts its groups from zero while the trainer has consumed many of its
+    predecessor's: neither mode may take that difference for room to run ahead."""
+    store = open_store(str(tmp_path / "bus"))
+    write_progress(store, Progress(step=5, version=6, consumed={"rollout-r": 40}))  # the predecessor's groups
+    engine = ScriptedEngine(["answer"] * 1000, "unused", version=6)
+
+    async def served_version():
+        return engine.version
+
+    manager = RolloutManager(scheduler=PromptScheduler([TaskSpec(task_id="t", instruction="q")], seed=0),
+                             harness=SingleTurn(), proxy=TokenRecordingProxy(engine), chat=CHAT,
+                             sampling=SamplingParams(), grader=IndexGrader(),
+                             writer=SegmentWriter(store, "rollout-r", groups_per_segment=1), store=store,
+                             group_size=2, max_concurrent_groups=1, max_ahead_groups=2, progress_poll_s=0.01,
+                             synchronous_batch=3 if synchronous else 0, served_version=served_version)
+
+    async def scenario():
+        runner = asyncio.create_task(manager.run())
+        await asyncio.sleep(0.5)
+        manager.stop()
+        await runner
+
+    asyncio.run(scenario())
+    assert manager.committed_groups == 3  # one batch; or the lead limit (2) plus the group that crossed it
+
+
 def test_a_fleet_held_back_commits_its_open_segment_so_the_trainer_can_catch_up(tmp_path):
     # Segments of 4 groups, a lead of 2: without committing the partial segment while it waits, the
     # fleet would hold 3 groups the trainer cannot see and both would wait forever.

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 import time
 import uuid
 from collections import Counter
@@ -45,7 +46,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from relayrl.buffer.progress import FleetCounters, read_progress
+from relayrl.buffer.progress import FleetCounters, Progress, read_progress
 from relayrl.core.store import Store
 from relayrl.core.wire import Group, TaskSpec, Trajectory
 from relayrl.rollout.agent import ToolExecutor
@@ -112,6 +113,7 @@ class RolloutManager:
         self.served_version = served_version
         """The oldest weight version the engines serve (the synchronous mode waits for the trainer's)."""
         self.committed_groups = 0
+        self._consumed_at_start: int | None = None  # see _ahead
         self.graded_groups = 0
         self.skipped_groups = 0
         self.reward_sum = 0.0
@@ -182,11 +184,20 @@ class RolloutManager:
     def trainer_step(self) -> int:
         return read_progress(self.store).step if self.store is not None else 0
 
-    def _ahead(self) -> int:
-        """Groups handed to the writer (committed or still in its open segment) the trainer has not consumed."""
+    def _ahead(self, progress: Progress | None = None) -> int:
+        """Groups handed to the writer (committed or still in its open segment) the trainer has not consumed.
+
+        A restarted producer's count starts from zero while the trainer's count of its groups does not:
+        the groups the trainer had consumed when this process started are its baseline. (Groups a
+        previous process committed that are not consumed yet are not counted: at most one lead's worth.)
+        """
         if self.store is None:
             return 0
-        return self.committed_groups - read_progress(self.store).consumed.get(self.writer.producer_id, 0)
+        progress = progress or read_progress(self.store)
+        consumed = progress.consumed.get(self.writer.producer_id, 0)
+        if self._consumed_at_start is None:
+            self._consumed_at_start = consumed
+        return self._consumed_at_start + self.committed_groups - consumed
 
     async def _flush_open_segment(self) -> None:
         """Commit the writer's open segment now: groups in it are invisible to the trainer."""
@@ -254,8 +265,9 @@ class RolloutManager:
                     done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     for job in done:
                         in_flight.discard(job)
-                        if not job.cancelled():  # cancelled: stop() was called
-                            job.result()  # a group that failed fails the fleet
+                        error = None if job.cancelled() else job.exception()  # cancelled: stop() was called
+                        if error is not None:  # the group is lost, as in the asynchronous mode; another replaces it
+                            print(f"rollout: a group failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
                     if self.committed_groups - committed_before >= missing:
                         break
                 await self._flush_open_segment()  # the whole batch, visible to the trainer at once
@@ -270,9 +282,10 @@ class RolloutManager:
         """Wait until the engines serve the trainer's newest weights and the trainer lacks groups for its
         next batch; return how many it lacks (a whole batch, unless it dropped some of the last one)."""
         while not self._stopping.is_set():
-            version = read_progress(self.store).version if self.store is not None else 0
-            missing = self.synchronous_batch - max(self._ahead(), 0)
-            if missing > 0 and (self.served_version is None or await self.served_version() >= version):
+            # One read: the trainer writes its consumption and its new version together.
+            progress = read_progress(self.store) if self.store is not None else Progress()
+            missing = self.synchronous_batch - max(self._ahead(progress), 0)
+            if missing > 0 and (self.served_version is None or await self.served_version() >= progress.version):
                 return missing
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._stopping.wait(), self.progress_poll_s)
