@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -85,9 +87,13 @@ def test_replay_ablation_quick_mode_runs_all_three_variants():
     assert "mismatch KL" in out
 
 
-def test_async_vs_sync_quick_mode_runs_both_pipelines():
-    out = run_quick("async_vs_sync.py")
-    assert "synchronous |" in out and "asynchronous |" in out and "asynchronous / synchronous" in out
+@pytest.mark.parametrize("workload", ["quickstart", "agent"])
+def test_async_vs_sync_quick_mode_runs_both_pipelines_and_the_synchronous_one_wastes_nothing(workload):
+    out = run_quick("async_vs_sync.py", "--workload", workload)
+    assert "| asynchronous | 0 |" in out and "asynchronous / synchronous" in out
+    # The true synchronous loop trains only on-policy groups (staleness 0) and drops none.
+    row = next(line for line in out.splitlines() if line.startswith("| synchronous | 0 |"))
+    assert row.split(" | ")[6:8] == ["0.00", "0"], row
 
 
 def test_elastic_ranks_quick_mode_kills_a_rank_in_each_mode():

@@ -33,3 +33,37 @@ def test_docs_links_resolve():
     for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for target in re.findall(r"\]\((?!https?://|#)([^)#]+)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
+
+
+def _results_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_results", ROOT / "benchmarks" / "results.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_generated_docs_block_equals_its_benchmark_results_file():
+    """Numbers in `<!-- results: NAME -->` blocks come from benchmarks/results/NAME.json, never typed."""
+    results = _results_module()
+    blocks = [match["name"] for page in results.DOCS for match in results.BLOCK.finditer(page.read_text())]
+    assert "async_vs_sync-quickstart" in blocks
+    assert not results.stale_blocks(), "run `python benchmarks/results.py`: " + "; ".join(results.stale_blocks())
+
+
+def test_a_docs_block_that_disagrees_with_its_results_file_is_found_and_rewritten(tmp_path):
+    results = _results_module()
+    folder = tmp_path / "results"
+    results.write_results("demo", command="python benchmarks/demo.py", markdown="| a |\n|---|\n| 1.00 |",
+                          data={"a": 1.0}, folder=folder)
+    page = tmp_path / "page.md"
+    page.write_text("intro\n<!-- results: demo -->\n| a |\n|---|\n| 2.00 |\n<!-- /results -->\nafter\n")
+    assert results.stale_blocks([page], folder) == [f"{page}: block 'demo' differs from benchmarks/results/demo.json"]
+    assert results.stale_blocks([page], folder, fix=True)
+    assert results.stale_blocks([page], folder) == []
+    text = page.read_text()
+    assert "| 1.00 |" in text and "| 2.00 |" not in text and text.startswith("intro\n") and text.endswith("after\n")
+    assert "`python benchmarks/demo.py`" in text  # where the numbers came from
+    page.write_text("<!-- results: missing -->\nx\n<!-- /results -->\n")
+    assert "has no benchmarks/results/missing.json" in results.stale_blocks([page], folder)[0]
