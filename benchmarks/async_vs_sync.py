@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MODES = {"synchronous": ["--set", "rollout.synchronous=true"], "asynchronous": []}
 WORKLOADS = {
     "quickstart": {"config": "examples/quickstart.toml", "steps": 800, "target": 0.10, "window": 20, "overrides": []},
-    "agent": {"config": "examples/agent.toml", "steps": 150, "target": 0.60, "window": 10,
+    "agent": {"config": "examples/agent.toml", "steps": 150, "target": 0.80, "window": 10,
               "overrides": ["--set", "rollout.environment_options.tool_latency_s=[0.05, 2.0]"]},
 }
 # Smoke runs (CI): no model learns anything in 3 steps; keep every group so that steps happen at all.
