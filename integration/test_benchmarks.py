@@ -59,6 +59,14 @@ def test_weight_sync_end_to_end_benchmark_quick_mode_runs_file_and_s3():
     assert "|  file |" in out and "|    s3 |" in out and "speed-up" in out
 
 
+def test_weight_sync_real_deltas_benchmark_quick_mode_trains_publishes_and_applies_real_updates():
+    out = _run_weight_sync_benchmark("real_deltas.py")
+    rows = [line for line in out.splitlines() if line.startswith(("| adamw |", "| muon |"))]
+    assert len(rows) == 2 + 4, out  # a summary row per optimizer, two extrapolated sizes each
+    # The trainer really moved the published weights (the engine's bits are checked equal inside).
+    assert all(float(row.split(" | ")[1].rstrip("%")) > 0 for row in rows[:2]), rows
+
+
 def test_weight_sync_bootstrap_benchmark_quick_mode_compares_replay_with_a_snapshot():
     out = _run_weight_sync_benchmark("bootstrap.py")
     assert "snapshot + 24 deltas" in out and "one full snapshot" in out
@@ -94,6 +102,12 @@ def test_async_vs_sync_quick_mode_runs_both_pipelines_and_the_synchronous_one_wa
     # The true synchronous loop trains only on-policy groups (staleness 0) and drops none.
     row = next(line for line in out.splitlines() if line.startswith("| synchronous | 0 |"))
     assert row.split(" | ")[6:8] == ["0.00", "0"], row
+
+
+def test_overhead_quick_mode_runs_relayrl_and_the_hand_written_loop():
+    out = run_quick("overhead.py")
+    assert "| relayrl | 0 |" in out and "| hand-written | 0 |" in out, out
+    assert "relayrl / hand-written groups graded per second" in out
 
 
 def test_elastic_ranks_quick_mode_kills_a_rank_in_each_mode():
