@@ -110,6 +110,25 @@ def test_overhead_quick_mode_runs_relayrl_and_the_hand_written_loop():
     assert "relayrl / hand-written groups graded per second" in out
 
 
+def test_overhead_profile_attributes_samples_to_the_innermost_matching_category(tmp_path):
+    """The --profile summary: py-spy's collapsed stacks, each sample counted once, torch inside relayrl wins."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from overhead import collapse
+
+    raw = tmp_path / "rollout.txt"
+    raw.write_text(
+        "main (relayrl/cli/main.py:10);step (relayrl/rollout/engines/torch_engine.py:150);forward (torch/nn/module.py:1) 30\n"
+        "main (relayrl/cli/main.py:10);_run_once (asyncio/base_events.py:1900);grade (relayrl/rollout/batch_grading.py:5) 10\n"
+        "main (relayrl/cli/main.py:10);helper (relayrl/rollout/manager.py:20) 5\n"
+        "a line py-spy did not write\n")
+    summary = collapse(raw)
+    assert summary["samples"] == 45
+    assert summary["categories"] == {"model forward/backward (torch)": 30,
+                                     "sandboxed grading (subprocess, bubblewrap)": 10,
+                                     "other Python (relayrl and the standard library)": 5}
+    assert summary["relayrl_frames"]["step (rollout/engines/torch_engine.py:150)"] == 30
+
+
 def test_elastic_ranks_quick_mode_kills_a_rank_in_each_mode():
     out = run_quick("elastic_ranks.py")
     assert "| elastic |" in out and "| restart-all |" in out and "both runs' ledgers verified" in out

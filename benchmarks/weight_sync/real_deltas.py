@@ -322,6 +322,19 @@ def render(summaries: dict[str, dict[str, float]], args: argparse.Namespace, mod
     return "\n".join(lines)
 
 
+def headline(summaries: dict[str, dict[str, float]], args: argparse.Namespace, model_name: str) -> str:
+    """The README's one paragraph: the realistic numbers first."""
+    parts = [f"{name}: {s['ratio']:.1f}x fewer bytes ({100 * s['changed_bf16']:.1f}% of values changed per step)"
+             for name, s in summaries.items()]
+    any_run = next(iter(summaries.values()))
+    pause_2g = max(extrapolate(s, 2 * GIB, 8)["pause_s"] for s in summaries.values())
+    return (f"Weight sync on real RL updates ({model_name}, bf16 published from fp32 master weights, lr {args.lr:g}, "
+            f"{args.steps} steps): deltas against full weights, {'; '.join(parts)}. Publish to applied on the torch "
+            f"engine {any_run['latency_s']:.2f} s for {any_run['model_mib']:.0f} MiB, of which the engine paused "
+            f"{1e3 * any_run['pause_s']:.0f} ms (about {pause_2g:.1f} s for 2 GiB at the same rate). Synthetic one-ulp "
+            "nudges, the best case, are in docs/weight-sync.md.")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=24, help="trainer steps per optimizer")
@@ -352,6 +365,11 @@ def main(argv: list[str] | None = None) -> int:
         path = write_results("weight_sync-real_deltas", command="python benchmarks/weight_sync/real_deltas.py " +
                              " ".join(argv if argv is not None else sys.argv[1:]), markdown=markdown,
                              data={"summaries": summaries, "runs": runs}, revision=revision)
+        print(f"wrote {path}")
+        path = write_results("weight_sync-real_deltas-headline", command="python benchmarks/weight_sync/real_deltas.py " +
+                             " ".join(argv if argv is not None else sys.argv[1:]),
+                             markdown=headline(summaries, args, model_name), data={"summaries": summaries},
+                             revision=revision)
         print(f"wrote {path}")
     return 0
 
