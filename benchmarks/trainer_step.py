@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import commit, write_results
 from timing import best_time
 
 from relayrl.algo.config import AlgoSection, SamplingSection
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
+    revision = commit()
     torch.set_num_threads(2)
     if args.quick:
         vocab, hidden, layers, groups, size, prompt, generated, kept, repeats = 512, 64, 2, 2, 4, 16, 32, 8, 2
@@ -159,12 +161,23 @@ def main(argv: list[str] | None = None) -> int:
         framework_times.append(best_time(lambda: trainer.step(batch), 1)[0])
         hand_times.append(best_time(hand.step, 1)[0])
     framework_s, hand_s = min(framework_times), min(hand_times)
-    print(f"batch: {groups} groups x {size}, {tokens} tokens (prompt {prompt}, generated <= {generated}), "
-          f"vocab {vocab}, kept-sets <= {kept}, model {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M")
-    print("loop | s/step | tokens/s | ratio")
-    print(f"hand-written torch (baseline) | {hand_s:.3f} | {tokens / hand_s:,.0f} | 1.00")
-    print(f"relayrl TorchTrainer.step | {framework_s:.3f} | {tokens / framework_s:,.0f} | {hand_s / framework_s:.2f}")
-    print(f"framework overhead: {100 * (framework_s / hand_s - 1):+.1f}% (target <= 10%)")
+    gradient_line = (f"Both loops' losses agree and their gradients differ by at most {gradient_gap:.1e} "
+                     f"(largest gradient {scale:.1e}), checked before timing.")
+    lines = [f"Batch: {groups} groups x {size}, {tokens} tokens (prompt {prompt}, generated <= {generated}), "
+             f"vocab {vocab}, kept-sets <= {kept}, a {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M-parameter "
+             f"Llama; {torch.get_num_threads()} threads; best of {repeats}, the loops interleaved.", "",
+             "| loop | s/step | tokens/s | speed vs hand-written |", "|---|---|---|---|",
+             f"| hand-written torch (baseline) | {hand_s:.3f} | {tokens / hand_s:,.0f} | 1.00 |",
+             f"| relayrl TorchTrainer.step | {framework_s:.3f} | {tokens / framework_s:,.0f} | {hand_s / framework_s:.2f} |",
+             "", f"Framework overhead: **{100 * (framework_s / hand_s - 1):+.1f}%** (target <= 10%). {gradient_line}"]
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        data = {"hand_s": hand_s, "framework_s": framework_s, "tokens": tokens, "gradient_gap": gradient_gap,
+                "largest_gradient": scale}
+        path = write_results("trainer_step", command="python benchmarks/trainer_step.py", markdown=markdown, data=data,
+                             revision=revision)
+        print(f"wrote {path}")
     return 0
 
 

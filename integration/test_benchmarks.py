@@ -85,7 +85,7 @@ def test_sandbox_benchmark_quick_mode_runs_every_available_backend_against_the_b
 
 def test_trainer_step_benchmark_quick_mode_checks_the_losses_agree():
     out = run_quick("trainer_step.py")
-    assert "hand-written torch (baseline)" in out and "framework overhead" in out
+    assert "hand-written torch (baseline)" in out and "Framework overhead" in out
     assert "max gradient difference" in out
 
 
