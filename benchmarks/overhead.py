@@ -155,7 +155,7 @@ class HandWrittenGRPO:
         """RL steps until the target or ``steps``; one record per step, like ``metrics.jsonl``."""
         records: list[dict[str, Any]] = []
         waiting: list[list[dict[str, Any]]] = []
-        graded_groups, graded_rewards = 0, []
+        graded_groups, graded_rewards, success_rate = 0, [], None
         while len(records) < steps:
             for group in self.sample():
                 graded_groups += 1
@@ -165,10 +165,10 @@ class HandWrittenGRPO:
             while len(waiting) >= self.batch_groups and len(records) < steps:
                 batch, waiting = waiting[:self.batch_groups], waiting[self.batch_groups:]
                 self.train_step(batch)
-                mean = sum(graded_rewards) / len(graded_rewards) if graded_rewards else None
+                if graded_rewards:  # answers graded since the last step (a second step in a round reuses it)
+                    success_rate, graded_rewards = sum(graded_rewards) / len(graded_rewards), []
                 records.append({"time": time.time(), "step": len(records) + 1, "metrics": {
-                    "fleet/groups_graded_total": graded_groups, "reward/fleet_graded_mean": mean}})
-                graded_rewards = []
+                    "fleet/groups_graded_total": graded_groups, "reward/fleet_graded_mean": success_rate}})
                 if not quick and reached_at(records, target, window) is not None:
                     return records
         return records
