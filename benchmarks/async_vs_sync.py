@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,12 +66,13 @@ QUICK = {
 
 
 def run(workload: str, mode: str, seed: int, run_dir: Path, steps: int, quick: bool,
-        target: float, window: int) -> list[dict]:
-    """One run, stopped (Ctrl-C: its checkpoint is written, it exits 130) once the target is reached."""
+        target: float, window: int, overrides: Sequence[str] = ()) -> list[dict]:
+    """One run, stopped (Ctrl-C: its checkpoint is written, it exits 130) once the target is reached;
+    ``overrides``: more ``--set`` arguments."""
     spec = WORKLOADS[workload]
     command = [sys.executable, "-m", "relayrl.cli", "run", str(ROOT / spec["config"]), "--run-dir", str(run_dir),
                "--steps", str(steps), "--no-report", "--set", f"run.seed={seed}", *spec["overrides"],
-               *MODES[mode], *(QUICK[workload] if quick else [])]
+               *MODES[mode], *(QUICK[workload] if quick else []), *overrides]
     metrics = run_dir / "metrics.jsonl"
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)

@@ -9,6 +9,8 @@ sides), batches of 8 groups with reward variance.
 * ``relayrl``: ``relayrl run examples/quickstart.toml``: the fleet (torch engine behind the HTTP
   protocol, token-recording proxy, rollout manager, answers graded in sandboxes), the trainer
   process, the bus, weight sync, checkpoints; asynchronous, as shipped.
+* ``relayrl, engine in process``: the same with ``rollout.engines_in_process = true``: the engine
+  runs inside the rollout process (no HTTP between them; its own weight-sync controller).
 * ``hand-written``: what one writes for exactly this toy in one process: sample ``--sampler-batch``
   prompts x 8 at once with transformers' ``generate`` (the kept-set read from the top-p-warped
   scores), grade in-process with the reference scorer, keep the groups with reward variance, and
@@ -18,7 +20,8 @@ sides), batches of 8 groups with reward variance.
 Printed per run: groups graded per second (from the first RL step on), wall clock and steps from
 the first RL step to a success rate (``--target``, mean over ``--window`` steps, measured on every
 graded answer), the warm-up's time, and then the ratios relayrl / hand-written with their range over
-``--seeds``. The two sides of a seed run back to back, in alternating order.
+``--seeds``. The sides of a seed run back to back; each seed puts a different side first.
+``--profile SECONDS`` instead samples every process of a running quickstart with py-spy.
 
 Usage: ``python benchmarks/overhead.py [--seeds 0,1,2] [--steps 400] [--target 0.10] [--quick]``.
 """
@@ -31,6 +34,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,12 @@ from relayrl.trainer.warmup import supervised_warmup
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "examples" / "quickstart.toml"
+
+
+# The sides compared, with the overrides of relayrl's runs: as shipped (the engine is a server process
+# that the rollout process streams from over HTTP), and with the engine inside the rollout process.
+SIDES: dict[str, list[str]] = {"relayrl": [], "relayrl, engine in process": ["--set", "rollout.engines_in_process=true"],
+                               "hand-written": []}
 
 
 # ------------------------------------------------------------------------------ the hand-written loop
@@ -188,7 +198,7 @@ def hand_written(seed: int, steps: int, target: float, window: int, quick: bool,
 
 
 # ------------------------------------------------------------------------------ where relayrl's time goes
-def profile(seconds: int, folder: Path) -> dict[str, Any]:
+def profile(seconds: int, folder: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """py-spy every process of a running quickstart for ``seconds`` once RL has started; CPU samples per process."""
     import json
     import shutil
@@ -200,7 +210,7 @@ def profile(seconds: int, folder: Path) -> dict[str, Any]:
         raise SystemExit("--profile needs py-spy (pip install py-spy)")
     run_dir = folder / "run"
     command = [sys.executable, "-m", "relayrl.cli", "run", str(CONFIG), "--run-dir", str(run_dir), "--steps", "100000",
-               "--no-report"]
+               "--no-report", *overrides]
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
@@ -211,7 +221,7 @@ def profile(seconds: int, folder: Path) -> dict[str, Any]:
                 time.sleep(0.5)
             children = json.loads((run_dir / "status" / "launcher.json").read_text())["children"]
             spies = {name: subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200",
-                                             "--nonblocking", "--format", "raw", "--output", str(folder / f"{name}.txt")],
+                                             "--nonblocking", "--full-filenames", "--format", "raw", "--output", str(folder / f"{name}.txt")],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                      for name, pid in children.items()}
             failures = {name: spy.communicate()[1].strip().splitlines()[-1:] for name, spy in spies.items()
@@ -235,7 +245,7 @@ def read_lines(path: Path) -> list[str]:
 CATEGORIES = [
     ("model forward/backward (torch)", ("torch/", "transformers/")),
     ("sandboxed grading (subprocess, bubblewrap)", ("subprocess.py", "batch_grading.py", "relayrl/sandbox/")),
-    ("HTTP and streaming (aiohttp, sockets)", ("aiohttp/", "http/", "socket.py", "selectors.py", "ssl.py")),
+    ("HTTP, sockets and polling (aiohttp, selectors)", ("aiohttp/", "http/", "socket.py", "selectors.py", "ssl.py")),
     ("serialisation (msgspec, json, zstd)", ("msgspec", "json/", "zstandard", "codecs.py", "wire.py")),
     ("bus and object store (files)", ("relayrl/core/store", "relayrl/buffer/", "relayrl/core/bus")),
     ("weight sync", ("relayrl/weight_sync/",)),
@@ -335,20 +345,22 @@ def main(argv: list[str] | None = None) -> int:
     steps = 3 if args.quick else args.steps
     sampler_batch = 2 if args.quick else args.sampler_batch  # quick: several rounds per step, so rates exist
     quick_overrides = ["trainer.warmup.steps=3", "rollout.environment_options.tasks=500"] if args.quick else []
+    # Quick mode's relayrl run already hosts its engine in process (async_vs_sync.QUICK): one relayrl side.
+    sides = ["relayrl", "hand-written"] if args.quick else list(SIDES)
     rows, per_seed = [], []
     for seed in seeds:
         results: dict[str, dict[str, Any]] = {}
-        order = ["relayrl", "hand-written"] if seed % 2 == 0 else ["hand-written", "relayrl"]
+        order = sides[seed % len(sides):] + sides[:seed % len(sides)]  # each side goes first in turn
         for side in order:
             started = time.time()
-            if side == "relayrl":
-                with tempfile.TemporaryDirectory(prefix="relayrl-overhead-run-") as folder:
-                    records = relayrl_run("quickstart", "asynchronous", seed, Path(folder) / "run", steps, args.quick,
-                                          args.target, args.window)
-                warmup_s = records[0]["time"] - started if records else 0.0   # includes start-up
-            else:
+            if side == "hand-written":
                 records, warmup_s = hand_written(seed, steps, args.target, args.window, args.quick, sampler_batch,
                                                  quick_overrides)
+            else:
+                with tempfile.TemporaryDirectory(prefix="relayrl-overhead-run-") as folder:
+                    records = relayrl_run("quickstart", "asynchronous", seed, Path(folder) / "run", steps, args.quick,
+                                          args.target, args.window, SIDES.get(side, []))
+                warmup_s = records[0]["time"] - started if records else 0.0   # includes start-up
             summary = summarise(records, args.target, args.window)
             summary["warmup_s"] = warmup_s
             results[side] = summary
@@ -357,22 +369,25 @@ def main(argv: list[str] | None = None) -> int:
             rows.append([side, seed, fmt(summary["groups_per_s"]), fmt(summary["steps_per_s"], ".2f"),
                          fmt(summary["time_to_target_s"]), fmt(summary["steps_to_target"], ".0f"),
                          fmt(summary["final_success"], ".3f"), fmt(warmup_s)])
-        mine, theirs = results["relayrl"], results["hand-written"]
-        per_seed.append({"seed": seed, "results": results,
-                         "groups_ratio": mine["groups_per_s"] / max(theirs["groups_per_s"], 1e-9),
-                         "time_ratio": (theirs["time_to_target_s"] / mine["time_to_target_s"]
-                                        if mine["time_to_target_s"] and theirs["time_to_target_s"] else None)})
+        theirs = results["hand-written"]
+        per_seed.append({"seed": seed, "results": results, "ratios": {
+            side: {"groups": results[side]["groups_per_s"] / max(theirs["groups_per_s"], 1e-9),
+                   "time": (theirs["time_to_target_s"] / results[side]["time_to_target_s"]
+                            if results[side]["time_to_target_s"] and theirs["time_to_target_s"] else None)}
+            for side in sides if side != "hand-written"}})
     lines = [f"| side | seed | groups graded/s | steps/s | s to {args.target:g} | steps to {args.target:g} | "
              f"success (last {args.window} steps) | warm-up + start-up s |", "|---|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    ratios = [entry["groups_ratio"] for entry in per_seed]
-    lines += ["", f"relayrl / hand-written groups graded per second: {statistics.fmean(ratios):.2f}x "
-              f"({min(ratios):.2f}-{max(ratios):.2f}) over {len(per_seed)} seed(s)."]
-    times = [entry["time_ratio"] for entry in per_seed if entry["time_ratio"] is not None]
-    if times:
-        lines.append(f"Hand-written / relayrl wall clock to a {args.target:g} success rate: {statistics.fmean(times):.2f}x "
-                     f"({min(times):.2f}-{max(times):.2f}) over {len(times)} seed(s) that both reached it "
-                     "(above 1: relayrl got there first).")
+    lines.append("")
+    for side in sides[:-1]:
+        ratios = [entry["ratios"][side]["groups"] for entry in per_seed]
+        lines.append(f"{side} / hand-written groups graded per second: {statistics.fmean(ratios):.2f}x "
+                     f"({min(ratios):.2f}-{max(ratios):.2f}) over {len(per_seed)} seed(s).")
+        times = [entry["ratios"][side]["time"] for entry in per_seed if entry["ratios"][side]["time"] is not None]
+        if times:
+            lines.append(f"Hand-written / {side} wall clock to a {args.target:g} success rate: "
+                         f"{statistics.fmean(times):.2f}x ({min(times):.2f}-{max(times):.2f}) over {len(times)} "
+                         "seed(s) that both reached it (above 1: relayrl got there first).")
     markdown = "\n".join(lines)
     print(markdown)
     if not args.quick:

@@ -4,8 +4,8 @@ Endpoints (aiohttp):
 
 ``POST /generate``
     Body: a JSON :class:`GenerateRequest`. Response: newline-delimited JSON
-    :class:`StreamEvent`s, one per sampled token, flushed as they are produced; the last one has
-    ``finish_reason``. This is the token-level API the rollout side uses.
+    :class:`StreamEvent`s, written as the engine produces them (usually one per token; engines
+    coalesce tokens for a consumer that lags); the last one has ``finish_reason``. This is the token-level API the rollout side uses.
 ``POST /v1/completions``
     OpenAI-compatible completions (``prompt`` as text or token ids, ``max_tokens``,
     ``temperature``, ``top_p``, ``seed``, ``stream``) for pointing other tools at an engine. Needs a
@@ -121,9 +121,13 @@ class HttpEngine(InferenceEngine):
     """The client side of an engine server: streams over ``POST /generate``."""
 
     def __init__(self, url: str, *, engine_id: str | None = None, connect_timeout_s: float = 5.0,
-                 idle_timeout_s: float = 120.0) -> None:
+                 idle_timeout_s: float = 120.0, max_connections: int = 0) -> None:
+        """``max_connections`` caps the streams open at once (0: no cap). aiohttp's default cap of 100
+        would silently hold back the rest of a rollout fleet's requests and keep the engine's batch
+        smaller than its ``max_batch``; the caller's own concurrency limit is the one that should bind."""
         self.url = url.rstrip("/")
         self.engine_id = engine_id or self.url
+        self.max_connections = max_connections
         self._timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout_s, sock_read=idle_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
@@ -132,7 +136,8 @@ class HttpEngine(InferenceEngine):
         # A session belongs to the event loop that created it; callers may run several loops.
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._session_loop is not loop:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            self._session = aiohttp.ClientSession(timeout=self._timeout,
+                                                  connector=aiohttp.TCPConnector(limit=self.max_connections))
             self._session_loop = loop
         return self._session
 

@@ -7,6 +7,11 @@ request's asyncio queue as soon as it is sampled. Requests that arrive during a 
 next one (static batching: simple, and enough for CPU and small models; vLLM is the plugin for
 throughput).
 
+Streaming costs little per token: after each decode step the worker hands every consumer event
+loop the step's events in one cross-thread call, and a request whose previous event has not reached
+its loop yet accumulates its new tokens into the next event instead (a slow consumer gets fewer,
+longer events; a consumer that keeps up gets one event per token; the last token is never held).
+
 Weight updates: :meth:`TorchEngine.pause` blocks until the worker reaches a step boundary;
 :meth:`load_weights` copies tensors into the parameters in place and bumps the served version
 (a weight controller instead writes the parameters' bits through :class:`TorchEngineAdapter`, zero
@@ -42,6 +47,13 @@ class _Pending:
     queue: asyncio.Queue[StreamEvent | BaseException]
     cancelled: bool = False
     """The consumer stopped listening (closed the stream, or its event loop ended): stop generating."""
+    delivering: bool = False
+    """An event is on its way to the consumer's loop; tokens sampled meanwhile join the next event."""
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
+    kept: list[list[int]] = dataclasses.field(default_factory=list)
+    """The tokens sampled and not yet handed to the consumer, with their logprobs, versions, kept-sets."""
 
     def emit(self, item: StreamEvent | BaseException) -> None:
         if self.cancelled:
@@ -50,6 +62,21 @@ class _Pending:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
         except RuntimeError:  # the consumer's event loop is closed
             self.cancelled = True
+
+    def take_event(self, engine_id: str, finish_reason: str | None) -> StreamEvent:
+        """The tokens not yet handed over, as one event; marks it in flight."""
+        event = StreamEvent(tokens=self.tokens, logprobs=self.logprobs, versions=self.versions, kept=self.kept,
+                            engine_id=engine_id, finish_reason=finish_reason)
+        self.tokens, self.logprobs, self.versions, self.kept = [], [], [], []
+        self.delivering = True
+        return event
+
+
+def _deliver(items: list[tuple[_Pending, StreamEvent]]) -> None:
+    """Runs in a consumer's event loop: hands each event to its stream (one call per loop per decode step)."""
+    for pending, event in items:
+        pending.delivering = False
+        pending.queue.put_nowait(event)
 
 
 class TorchEngine(InferenceEngine):
@@ -168,7 +195,7 @@ class TorchEngine(InferenceEngine):
             logits = output.logits[:, -1, :].float()
             self.steps += 1
             version = self._version
-            next_tokens = torch.full((len(batch),), self.pad_token_id, dtype=torch.long)
+            next_tokens = [self.pad_token_id] * len(batch)
             for row in range(len(batch)):
                 finished[row] = finished[row] or batch[row].cancelled
             # Rows with the same sampling parameters are sampled in one call, each with its own
@@ -178,30 +205,55 @@ class TorchEngine(InferenceEngine):
                 if not finished[row]:
                     params = pending.request.params
                     by_params.setdefault((params.temperature, params.top_p, params.top_k, params.max_kept), []).append(row)
+            finish_reasons: dict[int, str] = {}
             for (temperature, top_p, top_k, max_kept), rows in by_params.items():
+                # Per-row generators only where a request brought a seed: one multinomial per row
+                # costs far more than one for the whole group.
+                seeded = any(generators[row] is not None for row in rows)
                 result = sample_tokens(logits[rows], temperature=temperature, top_p=top_p, top_k=top_k,
                                        max_kept=max_kept or None,
-                                       generator=[generators[row] or self._generator for row in rows])
+                                       generator=[generators[row] or self._generator for row in rows] if seeded
+                                       else self._generator)
+                # Whole tensors to Python lists once: per-element tensor indexing costs microseconds
+                # each, and a step has hundreds of rows.
+                tokens, logprobs = result.tokens.tolist(), result.logprobs.tolist()
+                offsets, kept_ids = result.kept.offsets.tolist(), result.kept.ids.tolist()
                 for position, row in enumerate(rows):
                     pending = batch[row]
                     params = pending.request.params
-                    token = int(result.tokens[position])
+                    token = tokens[position]
                     next_tokens[row] = token
                     produced[row] += 1
-                    finish = None
+                    pending.tokens.append(token)
+                    pending.logprobs.append(logprobs[position])
+                    pending.versions.append(version)
+                    pending.kept.append(kept_ids[offsets[position]:offsets[position + 1]])
                     if token in params.stop_token_ids:
-                        finish = "stop"
+                        finish_reasons[row] = "stop"
                     elif produced[row] >= params.max_tokens:
-                        finish = "length"
-                    pending.emit(StreamEvent(tokens=[token], logprobs=[float(result.logprobs[position])],
-                                             versions=[version], kept=[result.kept.row(position)],
-                                             engine_id=self.engine_id, finish_reason=finish))
-                    finished[row] = finish is not None
+                        finish_reasons[row] = "length"
+                    finished[row] = row in finish_reasons
+            self._hand_over(batch, finish_reasons)
             if all(finished):
                 return
-            input_ids = next_tokens.unsqueeze(1).to(device)
+            input_ids = torch.tensor(next_tokens, dtype=torch.long, device=device).unsqueeze(1)
             attention = torch.cat([attention, torch.ones((len(batch), 1), dtype=attention.dtype, device=device)], dim=1)
             positions = positions[:, -1:] + 1
+
+    def _hand_over(self, batch: list[_Pending], finish_reasons: dict[int, str]) -> None:
+        """Send each row's new tokens to its consumer, unless its previous event is still on the way
+        (then they join the next one; a finished row always sends)."""
+        outgoing: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, StreamEvent]]] = {}
+        for row, pending in enumerate(batch):
+            finish = finish_reasons.get(row)
+            if pending.tokens and not pending.cancelled and (finish is not None or not pending.delivering):
+                outgoing.setdefault(pending.loop, []).append((pending, pending.take_event(self.engine_id, finish)))
+        for loop, items in outgoing.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # that event loop is closed: nobody listens to these streams any more
+                for pending, _ in items:
+                    pending.cancelled = True
 
     # ------------------------------------------------------------------ weights (relayrl.weight_sync.WeightLoader)
     def weight_adapter(self) -> TorchEngineAdapter:
