@@ -23,8 +23,8 @@ def shared_engine_server(tiny_model_dir):
 def engine_server_factory(tiny_model_dir):
     servers = []
 
-    def start(engine_id: str) -> EngineServer:
-        server = EngineServer(tiny_model_dir, engine_id)
+    def start(engine_id: str, *extra_args: str) -> EngineServer:
+        server = EngineServer(tiny_model_dir, engine_id, *extra_args)
         servers.append(server)
         return server
 

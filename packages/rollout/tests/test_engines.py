@@ -93,3 +93,25 @@ def test_builtin_registrations_build_engines_and_routers(tiny_model_dir):
     span = asyncio.run(router.generate(GenerateRequest(request_id="x", prompt=[1, 2], params=SamplingParams(max_tokens=3))))
     assert len(span) == 3
     asyncio.run(router.close())
+
+
+def test_stream_interval_coalesces_tokens_without_changing_them():
+    """With a stream interval, a request's tokens arrive in fewer events: the first at once, the rest
+    held until the interval passes or the request ends; the span is the same token for token."""
+
+    async def events_of(engine: TorchEngine, request: GenerateRequest) -> list:
+        try:
+            return [event async for event in engine.stream(request)]
+        finally:
+            await engine.close()
+
+    request = GenerateRequest(request_id="r", prompt=[1, 4, 6], params=SamplingParams(max_tokens=24, seed=7, top_p=0.9))
+    every_step = asyncio.run(events_of(TorchEngine(tiny_llama(seed=0)), request))
+    held = asyncio.run(events_of(TorchEngine(tiny_llama(seed=0), stream_interval_s=3600.0), request))
+    assert len(every_step) > len(held) == 2  # every step: one event per token unless the consumer lags
+    assert [len(event.tokens) for event in held] == [1, 23] and held[-1].finish_reason == "length"
+    flat = lambda events, field: [item for event in events for item in getattr(event, field)]  # noqa: E731
+    for field in ("tokens", "logprobs", "versions", "kept"):
+        assert flat(held, field) == flat(every_step, field), field
+    with pytest.raises(ValueError, match="stream_interval_s"):
+        TorchEngine(tiny_llama(seed=0), stream_interval_s=-1.0)

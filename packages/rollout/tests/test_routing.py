@@ -71,7 +71,11 @@ def test_killing_an_engine_process_mid_generation_loses_no_token(engine_server_f
     """Two engine server processes; the one serving the request is SIGKILLed after 15 tokens."""
     from transformers import AutoModelForCausalLM
 
-    servers = {server.engine_id: server for server in (engine_server_factory("engine-a"), engine_server_factory("engine-b"))}
+    # Every token streamed as it is sampled (the served default holds them up to 0.25 s, longer than
+    # this whole generation takes), so that the kill lands mid-generation.
+    every_token = ("--engine-options", '{"stream_interval_s": 0}')
+    servers = {server.engine_id: server for server in (engine_server_factory("engine-a", *every_token),
+                                                       engine_server_factory("engine-b", *every_token))}
     router = Router([HttpEngine(server.url, engine_id=name) for name, server in servers.items()], down_for_s=60)
     killed: list[str] = []
     seen = [0]

@@ -102,7 +102,9 @@ class EngineProcess:
                    "discovery_dir": settings.discovery_dir}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "relayrl.rollout.engines.http", "--model", str(model_dir), "--engine-id", engine_id,
-             "--router", "dynamo", "--router-options", __import__("json").dumps(options)],
+             "--router", "dynamo", "--router-options", __import__("json").dumps(options),
+             # every token as it is sampled: a kill after the first event lands mid-generation
+             "--engine-options", '{"stream_interval_s": 0}'],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "DYN_LOG": "error"})
         line = self.process.stdout.readline()
         assert line.startswith("READY"), f"engine {engine_id} did not start: {line!r}"

@@ -84,9 +84,13 @@ class BatchObjective:
     def micro_loss(self, logits: torch.Tensor, micro: SequenceBatch, advantages: torch.Tensor,
                    staleness: torch.Tensor, denominator: float, sums: Counter[str]) -> torch.Tensor:
         """The scalar to differentiate for one micro-batch, given the model's logits ``[S, L, V]``."""
-        logits = logits[:, :-1]
+        # Position l's logits predict token l + 1. The targets' rows are picked from the flattened logits
+        # with one index_select: its backward writes a single [S * L, V] gradient (slicing off the last
+        # position first, then masking, would materialise a second one: a fifth of a large-vocabulary step).
+        sequences, length, vocab = logits.shape
         targets = micro.target_mask[:, 1:]
-        target_logits = logits[targets]
+        where = targets.nonzero()  # row-major: the order of logits[:, :-1][targets]
+        target_logits = logits.reshape(sequences * length, vocab).index_select(0, where[:, 0] * length + where[:, 1])
         tokens = micro.input_ids[:, 1:][targets]
         logprobs_flat, kept_entropy = replay_logprobs(target_logits, tokens, micro.kept, temperature=self.temperature,
                                                       return_kept_entropy=True)
