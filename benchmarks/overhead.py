@@ -243,12 +243,13 @@ def read_lines(path: Path) -> list[str]:
 
 # What each frame is for, by the module it runs in (first match of the innermost relayrl frame and below).
 CATEGORIES = [
+    ("checkpoints (torch.save, fault tolerance)", ("torch/serialization.py", "relayrl/fault_tolerance/")),
+    ("weight sync", ("relayrl/weight_sync/",)),
     ("model forward/backward (torch)", ("torch/", "transformers/")),
     ("sandboxed grading (subprocess, bubblewrap)", ("subprocess.py", "batch_grading.py", "relayrl/sandbox/")),
     ("HTTP, sockets and polling (aiohttp, selectors)", ("aiohttp/", "http/", "socket.py", "selectors.py", "ssl.py")),
     ("serialisation (msgspec, json, zstd)", ("msgspec", "json/", "zstandard", "codecs.py", "wire.py")),
     ("bus and object store (files)", ("relayrl/core/store", "relayrl/buffer/", "relayrl/core/bus")),
-    ("weight sync", ("relayrl/weight_sync/",)),
     ("asyncio event loop", ("asyncio/",)),
 ]
 

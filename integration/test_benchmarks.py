@@ -154,3 +154,12 @@ def test_eval_benchmarks_quick_modes_run_with_and_without_eval_then_evaluate_bef
     assert "without | 1 |" in out and "with | 1 |" in out and "steps/s with / without [eval]" in out
     out = run_quick("eval_quickstart.py", "--run-dir", str(tmp_path / "with-0"))
     assert "| after the warm-up, before RL | 1 |" in out and "| after RL |" in out
+
+
+
+@pytest.mark.parametrize("example, header", [("quickstart", "| steps | success rate |"),
+                                             ("agent", "| steps | reward (grader) |")])
+def test_example_run_quick_mode_tabulates_ten_tenths(example, header):
+    out = run_quick("example_run.py", "--example", example)
+    assert header in out, out
+    assert sum(line.startswith("| ") and "---" not in line for line in out.splitlines()) >= 11, out  # header + tenths

@@ -1,0 +1,189 @@
+"""An example run as a user starts it, timed and tabulated per tenth: what README and the docs quote.
+
+``--example quickstart`` runs ``relayrl run examples/quickstart.toml``; ``--example agent`` runs
+``relayrl run examples/agent.toml``. Once each (seed ``--seed``, the report included, as the README's
+command does), then renders from the run's ``metrics.jsonl``:
+
+* quickstart (docs/quickstart.md): wall time from the command to the report, start-up + warm-up,
+  RL steps per second; per tenth of the steps the success rate (``reward/fleet_mean``: every graded
+  answer since the previous step), token and kept-set entropy, the mismatch KL between the engine's
+  logprobs and the trainer's replay, staleness, the share of zero-variance groups; then the fleet's
+  tokens/s and grading counters, the trainer's step time and checkpoint blocking, the weight
+  versions the engine applied and the deltas' compression.
+* agent (docs/agents.md): the report's per-tenth table (the grader's reward, tool calls, parallel
+  turns, turns, compactions, tokens, entropy, seconds per tool call) and its length-penalty table
+  (budget steps against unconstrained ones).
+
+Writes ``benchmarks/results/example_run-<example>.json`` (the docs' table) and
+``example_run-<example>-headline.json`` (the README's sentence).
+
+Usage: ``python benchmarks/example_run.py [--example quickstart|agent] [--seed 0] [--quick]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import commit, write_results
+
+from relayrl.cli.report import length_penalty_table, tenths_table
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK = {
+    "quickstart": ["--steps", "10", "--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.tasks=500",
+                   "--set", "buffer.batch_groups=2", "--set", "rollout.skip_zero_variance=false",
+                   "--set", "buffer.admission=['staleness']"],
+    "agent": ["--steps", "10", "--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.demonstrations=8",
+              "--set", "buffer.batch_groups=2", "--set", "rollout.skip_zero_variance=false",
+              "--set", "buffer.admission=['staleness']"],
+}
+
+QUICKSTART_COLUMNS = [
+    ("reward/fleet_mean", "success rate"), ("entropy/token_mean", "entropy (nats/token)"),
+    ("entropy/kept_mean", "kept-set entropy"), ("mismatch/kl_k3", "mismatch KL (k3)"),
+    ("staleness/mean", "staleness (mean)"), ("fleet/zero_variance_fraction", "zero-variance groups")]
+
+
+# ------------------------------------------------------------------------------ reading a run
+def values(records: list[dict[str, Any]], name: str) -> list[float]:
+    return [float(record["metrics"][name]) for record in records if record["metrics"].get(name) is not None]
+
+
+def mean(records: list[dict[str, Any]], name: str) -> float:
+    found = values(records, name)
+    return statistics.fmean(found) if found else 0.0
+
+
+def tenths(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Ten slices of the steps, as the report's tables cut them."""
+    size = len(records) / 10
+    return [records[round(i * size):round((i + 1) * size)] for i in range(10)]
+
+
+def minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)} min {round(seconds % 60):d} s"
+
+
+def summarise(records: list[dict[str, Any]], started: float, ended: float) -> dict[str, Any]:
+    """The run's totals and its first and last tenths' means of every column the docs quote."""
+    first, last = tenths(records)[0], tenths(records)[-1]
+    final = records[-1]["metrics"]
+    rl_s = records[-1]["time"] - records[0]["time"]
+    columns = ["reward/fleet_mean", "reward/fleet_graded_mean", "entropy/token_mean", "fleet/tool_calls_per_trajectory",
+               "fleet/parallel_turn_share", "fleet/compacted_share"]
+    return {"wall_s": ended - started, "startup_s": records[0]["time"] - started, "rl_s": rl_s,
+            "steps": len(records), "steps_per_s": (len(records) - 1) / max(rl_s, 1e-9),
+            "first_tenth": {name: mean(first, name) for name in columns},
+            "last_tenth": {name: mean(last, name) for name in columns},
+            "compacted_share_by_tenth": [mean(chunk, "fleet/compacted_share") for chunk in tenths(records)],
+            "fleet_tokens_per_s": mean(records, "fleet/tokens_per_s"),
+            "groups_graded": int(final.get("fleet/groups_graded_total", 0)),
+            "answers_graded": int(final.get("sandbox/graded_answers", 0)),
+            "sandbox_calls": int(final.get("sandbox/calls", 0)),
+            "trainer_step_s": mean(records, "trainer/wall_step_s"),
+            "checkpoint_blocking_s": mean(records, "checkpoint/blocking_s"),
+            "engine_weight_updates": int(final.get("fleet/engine_weight_updates", 0)),
+            "delta_ratio": mean(records, "weight_sync/delta_ratio")}
+
+
+# ------------------------------------------------------------------------------ what the docs show
+def quickstart_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str, str]:
+    def cell(value: float, name: str) -> str:
+        if name == "fleet/zero_variance_fraction":
+            return f"{100 * value:.0f}%"
+        return f"{value:.4f}" if name == "mismatch/kl_k3" else f"{value:.3f}"
+
+    lines = [f"Wall time **{minutes(s['wall_s'])}** from the command to the report: {s['startup_s']:.0f} s start-up "
+             f"and warm-up, then {s['steps']} RL steps in {s['rl_s']:.0f} s ({s['steps_per_s']:.1f} steps/s).", "",
+             "| steps | " + " | ".join(label for _, label in QUICKSTART_COLUMNS) + " |",
+             "|---|" + "---|" * len(QUICKSTART_COLUMNS)]
+    for chunk in tenths(records):
+        lines.append(f"| {chunk[0]['step']}-{chunk[-1]['step']} | "
+                     + " | ".join(cell(mean(chunk, name), name) for name, _ in QUICKSTART_COLUMNS) + " |")
+    first, last = s["first_tenth"]["reward/fleet_mean"], s["last_tenth"]["reward/fleet_mean"]
+    lines += ["", f"The success rate of the last tenth is **{last / max(first, 1e-9):.1f}x** that of the first "
+              f"({last - first:+.2f} absolute); entropy {s['first_tenth']['entropy/token_mean']:.2f} -> "
+              f"{s['last_tenth']['entropy/token_mean']:.2f} nats/token. Fleet: {s['fleet_tokens_per_s']:,.0f} tokens/s, "
+              f"{s['groups_graded']:,} groups graded ({s['answers_graded']:,} answers in {s['sandbox_calls']:,} sandbox "
+              f"commands). Trainer: {s['trainer_step_s']:.2f} s per step, of which the checkpoint blocked "
+              f"{1000 * s['checkpoint_blocking_s']:.0f} ms; the engine applied {s['engine_weight_updates']} weight "
+              f"versions in place; deltas {s['delta_ratio']:.2f}x smaller than the full weights."]
+    headline = (f"Measured here: {minutes(s['wall_s'])} from the command to the report, the success rate "
+                f"{first:.3f} in the first tenth of {s['steps']} steps and {last:.3f} in the last.")
+    return "\n".join(lines), headline
+
+
+def agent_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str, str]:
+    first, last = s["first_tenth"], s["last_tenth"]
+    reward = "reward/fleet_graded_mean"
+    compacted = s["compacted_share_by_tenth"]
+    lines = [f"{minutes(s['wall_s'])} from the command to the written report, of which {minutes(s['rl_s'])} are the "
+             f"{s['steps']} RL steps and the rest start-up, the demonstrations and the warm-up. Every column is a mean "
+             "over every graded trajectory of those steps (trained on or not); the reward is the grader's, before "
+             "the length penalty:", "", *tenths_table(records), "",
+             f"The grader's reward went from {first[reward]:.3f} in the first tenth to {last[reward]:.3f} in the last "
+             f"({last[reward] / max(first[reward], 1e-9):.1f}x, {last[reward] - first[reward]:+.2f}); tool calls per "
+             f"trajectory from {first['fleet/tool_calls_per_trajectory']:.2f} to {last['fleet/tool_calls_per_trajectory']:.2f}; "
+             f"the share of turns with parallel calls from {first['fleet/parallel_turn_share']:.2f} to "
+             f"{last['fleet/parallel_turn_share']:.2f}; in every tenth {100 * min(compacted):.0f}% to "
+             f"{100 * max(compacted):.0f}% of the trajectories compacted, continued from their summary and were "
+             "trained on."]
+    penalty = length_penalty_table(records)
+    if penalty:
+        lines += ["", "The length penalty's phases (budget steps against unconstrained ones):", "", *penalty]
+    headline = (f"RL on the grader's reward took one run here ({minutes(s['wall_s'])} in all) from "
+                f"{first[reward]:.2f} to {last[reward]:.2f} between the first and the last tenth of {s['steps']} steps, "
+                f"with tool calls per trajectory going from {first['fleet/tool_calls_per_trajectory']:.1f} to "
+                f"{last['fleet/tool_calls_per_trajectory']:.1f} and the share of turns with parallel calls from "
+                f"{first['fleet/parallel_turn_share']:.2f} to {last['fleet/parallel_turn_share']:.2f}.")
+    return "\n".join(lines), headline
+
+
+RENDER = {"quickstart": quickstart_markdown, "agent": agent_markdown}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--example", choices=sorted(RENDER), default="quickstart")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="10 steps, a short warm-up, no results file")
+    args = parser.parse_args(argv)
+    revision = commit()
+    with tempfile.TemporaryDirectory(prefix=f"relayrl-{args.example}-") as folder:
+        run_dir = Path(folder) / "run"
+        command = [sys.executable, "-m", "relayrl.cli", "run", str(ROOT / "examples" / f"{args.example}.toml"),
+                   "--run-dir", str(run_dir), "--set", f"run.seed={args.seed}", *(QUICK[args.example] if args.quick else [])]
+        started = time.time()
+        result = subprocess.run(command, capture_output=True, text=True, timeout=7200)
+        ended = time.time()
+        if result.returncode != 0:
+            raise SystemExit(f"the {args.example} run failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                             f"{result.stderr[-3000:]}")
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if len(records) < 10:
+        raise SystemExit(f"only {len(records)} steps recorded: a table of tenths needs 10")
+    summary = summarise(records, started, ended)
+    markdown, headline = RENDER[args.example](records, summary)
+    print(markdown)
+    print()
+    print(headline)
+    if not args.quick:
+        invocation = "python benchmarks/example_run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        for name, text in ((f"example_run-{args.example}", markdown), (f"example_run-{args.example}-headline", headline)):
+            path = write_results(name, command=invocation, markdown=text, data={"seed": args.seed, "summary": summary},
+                                 revision=revision)
+            print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
