@@ -21,6 +21,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import commit, write_results
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
 # The smoke run's model solves nothing: keep every group so that steps happen at all.
@@ -61,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.every, args.tasks, args.samples, args.repeats = 4, 2, 8, 2, 1
+    revision = commit()
     variants = {"without": [], "with": ["--set", f"eval.every_steps={args.every}", "--set", f"eval.tasks={args.tasks}",
                                         "--set", f"eval.samples={args.samples}"]}
     results: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
@@ -70,17 +74,24 @@ def main(argv: list[str] | None = None) -> int:
             for name, extra in variants.items():
                 results[name].append(run(runs / f"{name}-{repeat}", args.steps, extra, args.quick))
                 print(f"{name} [eval], run {repeat + 1}: done", file=sys.stderr)
-    print(f"quickstart, {args.steps} steps; [eval] every {args.every} steps, {args.tasks} tasks x {args.samples} "
-          f"samples; {args.repeats} run(s) each, alternating")
-    print("variant | run | steps/s | mean step s | evaluations | mean eval s | last pass@1")
-    print("---|---|---|---|---|---|---")
+    lines = [f"Quickstart, {args.steps} steps; [eval] every {args.every} steps, {args.tasks} tasks x {args.samples} "
+             f"samples; {args.repeats} run(s) each, alternating.", "",
+             "| variant | run | steps/s | mean step s | evaluations | mean eval s | last pass@1 |",
+             "|---|---|---|---|---|---|---|"]
     for name, runs in results.items():
         for index, item in enumerate(runs):
-            print(f"{name} | {index + 1} | {item['steps_per_s']:.3f} | {item['step_s']:.3f} | {item['evaluations']} | "
-                  f"{item['eval_s']:.1f} | {item['pass@1']:.3f}")
+            lines.append(f"| {name} | {index + 1} | {item['steps_per_s']:.3f} | {item['step_s']:.3f} | "
+                         f"{item['evaluations']} | {item['eval_s']:.1f} | {item['pass@1']:.3f} |")
     ratio = (statistics.median(item["steps_per_s"] for item in results["with"])
              / statistics.median(item["steps_per_s"] for item in results["without"]))
-    print(f"steps/s with / without [eval] (medians): {ratio:.3f} (the bar: >= 0.90)")
+    lines += ["", f"steps/s with / without [eval] (medians): **{ratio:.3f}** (the bar: >= 0.90)."]
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        path = write_results("eval_during_run", command="python benchmarks/eval_during_run.py " +
+                             " ".join(argv if argv is not None else sys.argv[1:]), markdown=markdown,
+                             data={"results": results, "ratio": ratio}, revision=revision)
+        print(f"wrote {path}")
     return 0
 
 

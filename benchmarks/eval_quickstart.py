@@ -19,6 +19,9 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import commit, write_results
+
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
 QUICK_RUN = ["--steps", "3", "--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.tasks=500",
@@ -52,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.samples, args.limit = 2, 8
+    revision = commit()
     with tempfile.TemporaryDirectory() as temp:
         run_dir = Path(args.run_dir) if args.run_dir else Path(temp) / "run"
         if not (run_dir / "metrics.jsonl").exists():
@@ -61,15 +65,27 @@ def main(argv: list[str] | None = None) -> int:
         before = evaluate(f"{run_dir}@1", Path(temp) / "before", args.samples, args.limit)
         after = evaluate(str(run_dir), Path(temp) / "after", args.samples, args.limit)
     k = args.samples
-    print(f"countdown held-out tasks: {before['overall']['tasks']} x {k} samples, seed 0; run of {steps} RL steps")
-    print(f"| policy | version | pass@1 | pass@{k} | mean reward | tokens/sample | tokens/solved | eval wall s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, summary in (("after the warm-up, before RL", before), ("after RL", after)):
+    lines = [f"Countdown held-out tasks: {before['overall']['tasks']} x {k} samples, seed 0; a run of {steps} RL steps.",
+             "", f"| policy | version | pass@1 | pass@{k} | mean reward | tokens/sample | tokens/solved | eval wall s |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, summary in (("after the warm-up, before RL", before), (f"after RL ({steps} steps)", after)):
         overall = summary["overall"]
         solved = overall["tokens_per_solved"]
-        print(f"| {name} | {summary['spec']['version']} | {overall['pass@1']:.3f} | {overall[f'pass@{k}']:.3f} | "
-              f"{overall['mean_reward']:.3f} | {overall['tokens']:.1f} | {'-' if solved is None else f'{solved:.1f}'} | "
-              f"{summary['wall_s']:.1f} |")
+        lines.append(f"| {name} | {summary['spec']['version']} | {overall['pass@1']:.3f} | {overall[f'pass@{k}']:.3f} | "
+                     f"{overall['mean_reward']:.3f} | {overall['tokens']:.1f} | {'-' if solved is None else f'{solved:.1f}'} | "
+                     f"{summary['wall_s']:.1f} |")
+    first, last = before["overall"], after["overall"]
+    lines += ["", f"RL took held-out pass@1 from {first['pass@1']:.3f} to {last['pass@1']:.3f} "
+              f"({last['pass@1'] / max(first['pass@1'], 1e-9):.1f}x) and pass@{k} from {first[f'pass@{k}']:.3f} to "
+              f"{last[f'pass@{k}']:.3f}."]
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        path = write_results("eval_quickstart", command="python benchmarks/eval_quickstart.py " +
+                             " ".join(argv if argv is not None else sys.argv[1:]), markdown=markdown,
+                             data={"steps": steps, "samples": k, "before": before["overall"], "after": after["overall"]},
+                             revision=revision)
+        print(f"wrote {path}")
     return 0
 
 

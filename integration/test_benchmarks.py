@@ -163,3 +163,8 @@ def test_example_run_quick_mode_tabulates_ten_tenths(example, header):
     out = run_quick("example_run.py", "--example", example)
     assert header in out, out
     assert sum(line.startswith("| ") and "---" not in line for line in out.splitlines()) >= 11, out  # header + tenths
+
+
+def test_weight_sync_checksum_benchmark_quick_mode_compares_the_candidates():
+    out = run_quick("weight_sync/checksum.py")
+    assert "manifest checksum" in out and "zlib.crc32" in out and "blake2b" in out and "first touch" in out

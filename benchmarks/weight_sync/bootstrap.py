@@ -15,7 +15,7 @@ import argparse
 import tempfile
 
 import numpy as np
-from common import MIB, machine, print_table
+from common import MIB, Report, machine
 
 from relayrl.core.store import open_store
 from relayrl.weight_sync import Controller, Publisher, StateDictAdapter
@@ -43,8 +43,12 @@ def main() -> None:
     parser.add_argument("--params", type=int, default=0, help="parameters (default 128M)")
     args = parser.parse_args()
     params = args.params or (4 * MIB if args.quick else 128 * MIB)
-    print(f"bootstrap: {params / 1e6:.0f}M bf16 parameters ({2 * params / MIB:.0f} MiB), snapshot + {DELTAS} deltas "
-          f"at lr 1e-6 vs one snapshot, local files; {machine()}")
+    print(machine())
+    report = Report("bootstrap")
+    report.say(f"{params / 1e6:.0f}M bf16 parameters ({2 * params / MIB:.0f} MiB), {DELTAS} Adam-like steps at lr 1e-6, "
+               "local files: a new engine bootstrapping from a snapshot and every delta after it, against one "
+               "snapshot of the same version:")
+    report.say()
     master = init_master(params, seed=0)
     rng = np.random.default_rng(1)
     bits = bf16_bits(master)
@@ -67,12 +71,13 @@ def main() -> None:
         for tensors in (replay_tensors, full_tensors):
             assert all(np.array_equal(tensors[name], value) for name, value in expected.items()), "wrong bits"
     rows = []
-    for label, report in ((f"snapshot + {DELTAS} deltas", replay), ("one full snapshot", full)):
-        rows.append([label, report.versions_decoded, f"{report.bytes_fetched / MIB:.1f}", f"{report.fetch_s:.2f}",
-                     f"{report.decode_s:.2f}", f"{report.pause_s:.2f}", f"{report.total_s:.2f}",
-                     f"{report.total_s / full.total_s:.2f}x", f"{report.bytes_fetched / full.bytes_fetched:.2f}x"])
-    print_table(["bootstrap from", "versions", "fetched MiB", "fetch s", "decode+verify s", "pause s", "total s",
+    for label, applied in ((f"snapshot + {DELTAS} deltas", replay), ("one full snapshot", full)):
+        rows.append([label, applied.versions_decoded, f"{applied.bytes_fetched / MIB:.1f}", f"{applied.fetch_s:.2f}",
+                     f"{applied.decode_s:.2f}", f"{applied.pause_s:.2f}", f"{applied.total_s:.2f}",
+                     f"{applied.total_s / full.total_s:.2f}x", f"{applied.bytes_fetched / full.bytes_fetched:.2f}x"])
+    report.table(["bootstrap from", "versions", "fetched MiB", "fetch s", "decode+verify s", "pause s", "total s",
                  "time vs snapshot", "bytes vs snapshot"], rows)
+    report.save(args.quick)
 
 
 if __name__ == "__main__":

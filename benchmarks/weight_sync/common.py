@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from relayrl.weight_sync.testing.synthetic import bf16_bits
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from results import commit, write_results
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -39,14 +44,42 @@ def best_of(repeats: int, function: Callable[[], Any]) -> tuple[float, Any]:
     return best, result
 
 
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+def table_lines(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
     """A plain-text table, also valid Markdown."""
     cells = [[str(cell) for cell in row] for row in rows]
     widths = [max(len(header), *(len(row[index]) for row in cells)) for index, header in enumerate(headers)]
-    print("| " + " | ".join(header.ljust(width) for header, width in zip(headers, widths)) + " |")
-    print("|" + "|".join("-" * (width + 2) for width in widths) + "|")
-    for row in cells:
-        print("| " + " | ".join(cell.rjust(width) for cell, width in zip(row, widths)) + " |")
+    return (["| " + " | ".join(header.ljust(width) for header, width in zip(headers, widths)) + " |",
+             "|" + "|".join("-" * (width + 2) for width in widths) + "|"]
+            + ["| " + " | ".join(cell.rjust(width) for cell, width in zip(row, widths)) + " |" for row in cells])
+
+
+class Report:
+    """What a benchmark prints, kept: a full run writes it to ``benchmarks/results/weight_sync-<name>.json``,
+    which docs/weight-sync.md renders (``python benchmarks/results.py``)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.revision = commit()  # the commit the run started on
+        self.lines: list[str] = []
+        self.data: dict[str, Any] = {}
+
+    def say(self, text: str = "") -> None:
+        print(text)
+        self.lines.append(text)
+
+    def table(self, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        for line in table_lines(headers, rows):
+            self.say(line)
+        self.data.setdefault("tables", []).append({"headers": list(headers), "rows": [[str(c) for c in row] for row in rows]})
+
+    def save(self, quick: bool) -> None:
+        """Write the results file (not for ``--quick`` smoke runs)."""
+        if quick:
+            return
+        command = f"python benchmarks/weight_sync/{self.name}.py " + " ".join(sys.argv[1:])
+        path = write_results(f"weight_sync-{self.name}", command=command.strip(), markdown="\n".join(self.lines),
+                             data=self.data, revision=self.revision)
+        print(f"wrote {path}")
 
 
 def bf16_model(num_params: int, num_tensors: int, seed: int = 0, std: float = 0.02) -> dict[str, np.ndarray]:

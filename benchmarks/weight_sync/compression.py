@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from common import MIB, best_of, machine, print_table
+from common import MIB, Report, best_of, machine
 
 from relayrl.weight_sync.codecs import DecodeItem, EncodeItem, make_codec
 from relayrl.weight_sync.parallel import ChunkPool
@@ -42,7 +42,11 @@ def main() -> None:
     args = parser.parse_args()
     params = args.params or (4 * MIB if args.quick else 128 * MIB)
     repeats = 1 if args.quick else 3
-    print(f"compression: {params / 1e6:.0f}M bf16 parameters ({2 * params / MIB:.0f} MiB), one thread; {machine()}")
+    print(machine())
+    report = Report("compression")
+    report.say(f"{params / 1e6:.0f}M bf16 parameters ({2 * params / MIB:.0f} MiB) ~N(0, 0.02), fp32 master, one Adam-like "
+               f"step at each lr, one thread, best of {repeats}:")
+    report.say()
     rows = []
     with ChunkPool(1) as pool:
         for lr in LEARNING_RATES:
@@ -59,9 +63,11 @@ def main() -> None:
         for name in FULL_CODECS:
             ratio, encode, decode = measure(name, new, None, pool, repeats)
             rows.append(["snapshot", "100%", name, f"{ratio:.2f}x", f"{encode:.0f}", f"{decode:.0f}"])
-    print_table(["lr", "values changed", "codec", "ratio", "encode MB/s", "decode MB/s"], rows)
-    print("ratio: model bytes / stored bytes. MB/s: model bytes per second on one thread (encode includes the XOR "
-          "and the checksum; decode includes the XOR onto the base and the checksum of the result).")
+    report.table(["lr", "values changed", "codec", "ratio", "encode MB/s", "decode MB/s"], rows)
+    report.say()
+    report.say("Ratio: model bytes / stored bytes. MB/s: model bytes per second on one thread (encode includes the "
+               "XOR and the checksum; decode includes the XOR onto the base and the checksum of the result).")
+    report.save(args.quick)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ import tempfile
 import time
 
 import numpy as np
-from common import GIB, MIB, bf16_model, machine, nudge, print_table
+from common import GIB, MIB, Report, bf16_model, machine, nudge
 
 from relayrl.core.store import open_store
 from relayrl.weight_sync import Controller, Publisher, StateDictAdapter
@@ -98,8 +98,12 @@ def main() -> None:
     parser.add_argument("--changed", type=float, default=0.01, help="fraction of values changed per step")
     args = parser.parse_args()
     params = args.params or (16 * MIB if args.quick else 1 << 30)
-    print(f"end to end: {params / 1e9:.2f}B bf16 parameters ({2 * params / GIB:.2f} GiB), "
-          f"{100 * args.changed:g}% of values changed; {machine()}")
+    print(machine())
+    report = Report("end_to_end")
+    report.say(f"{params / 1e9:.2f}B bf16 parameters ({2 * params / GIB:.2f} GiB in 64 tensors), {100 * args.changed:g}% "
+               "of values moved by one ulp (synthetic: the best case; real updates are in section 5); the delta path "
+               "against shipping the same weights as safetensors bytes through the same store:")
+    report.say()
     model = bf16_model(params, 64, seed=0)
     rows = []
     for kind in args.stores.split(","):
@@ -119,12 +123,14 @@ def main() -> None:
                      f"{result['encode_s']:.2f}", f"{result['upload_s']:.2f}", f"{result['fetch_s']:.2f}",
                      f"{result['decode_s']:.2f}", f"{result['pause_s']:.2f}", f"{result['apply_s']:.2f}",
                      f"{result['verify_s']:.2f}"])
-    print_table(["store", "full s", "delta s", "speed-up", "full MiB", "delta MiB", "fewer bytes", "trainer blocked s",
+    report.table(["store", "full s", "delta s", "speed-up", "full MiB", "delta MiB", "fewer bytes", "trainer blocked s",
                  "encode s", "upload+commit s", "fetch s", "decode+verify s", "pause s", "apply s",
                  "verify after s"], rows)
-    print("full: safetensors bytes put into and read back from the same store, copied into the engine. delta: "
-          "publish -> committed -> controller fetch, decode, verify, pause, apply, verify, resume. "
-          "pause includes apply and the after-apply verification.")
+    report.say()
+    report.say("Full: safetensors bytes put into and read back from the same store, copied into the engine. Delta: "
+               "publish -> committed -> controller fetch, decode, verify, pause, apply, verify, resume. "
+               "Pause includes apply and the after-apply verification.")
+    report.save(args.quick)
 
 
 if __name__ == "__main__":

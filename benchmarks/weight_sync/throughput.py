@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 import zstandard
-from common import MIB, best_of, machine, print_table
+from common import MIB, Report, best_of, machine
 
 from relayrl.weight_sync.codecs import DecodeItem, EncodeItem, make_codec
 from relayrl.weight_sync.parallel import ChunkPool
@@ -36,7 +36,10 @@ def main() -> None:
     args = parser.parse_args()
     size = 16 * MIB if args.quick else 256 * MIB
     repeats = 1 if args.quick else 5
-    print(f"throughput: {size // MIB} MiB bf16 buffer, lr 1e-6 step, pinned to one core; {machine()}")
+    print(machine())
+    report = Report("throughput")
+    report.say(f"A {size // MIB} MiB bf16 buffer after one lr 1e-6 step, the process pinned to one core, best of {repeats}:")
+    report.say()
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # one core, as the targets are per core
 
     master = init_master(size // 2, seed=0)
@@ -82,10 +85,12 @@ def main() -> None:
                      f"{ratio:.1f}x"])
         rows.append([f"{name} decode+apply", rate(decode_s), f"{decompress_s / decode_s:.2f}",
                      f"{memcpy_s / decode_s:.2f}", f"{ratio:.1f}x"])
-    print_table(["operation (one core)", "GB/s of model", "x bare zstd", "x memcpy", "delta ratio"], rows)
-    print("encode = XOR + transform + zstd + checksum of the new bits; decode+apply = zstd + inverse transform + XOR "
-          "of the base into the result + checksum of the result. 'x bare zstd': fraction of bare zstd's speed on the "
-          f"same buffer (compress for encode, decompress for decode; target >= 0.70). Best of {repeats}.")
+    report.table(["operation (one core)", "GB/s of model", "x bare zstd", "x memcpy", "delta ratio"], rows)
+    report.say()
+    report.say("Encode = XOR + transform + zstd + checksum of the new bits; decode+apply = zstd + inverse transform + XOR "
+               "of the base into the result + checksum of the result. 'x bare zstd': fraction of bare zstd's speed on the "
+               "same buffer (compress for encode, decompress for decode; target >= 0.70).")
+    report.save(args.quick)
 
 
 if __name__ == "__main__":

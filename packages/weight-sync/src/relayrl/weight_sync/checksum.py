@@ -1,8 +1,8 @@
 """Checksums of tensor bits: XXH3-64 of every 1 MiB block, rolled up into one 64-bit digest.
 
 Why this construction: verifying every tensor is on the critical path of both encode and decode, so
-the hash must cost little next to zstd. On this machine kind XXH3-64 hashes ~7.6 GB/s per core,
-zlib.crc32 ~3.9 GB/s and blake2b ~0.8 GB/s. Hashing fixed 1 MiB blocks independently also lets
+the hash must cost little next to zstd. XXH3-64 is several times faster per core than zlib.crc32
+and blake2b (``benchmarks/weight_sync/checksum.py`` measures them). Hashing fixed 1 MiB blocks independently also lets
 codecs fold the checksum into their chunk tasks (the block is still in cache after it was decoded)
 and lets a verification pass use every core. The block hashes and the length are then hashed again
 into the value a manifest stores::
