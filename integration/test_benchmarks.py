@@ -153,7 +153,7 @@ def test_eval_benchmarks_quick_modes_run_with_and_without_eval_then_evaluate_bef
     out = run_quick("eval_during_run.py", "--runs-dir", str(tmp_path))
     assert "without | 1 |" in out and "with | 1 |" in out and "steps/s with / without [eval]" in out
     out = run_quick("eval_quickstart.py", "--run-dir", str(tmp_path / "with-0"))
-    assert "| after the warm-up, before RL | 1 |" in out and "| after RL |" in out
+    assert "| after the warm-up, before RL | 1 |" in out and "| after RL (4 steps) |" in out
 
 
 
