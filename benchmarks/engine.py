@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import platform
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import commit, write_results
 
 
 def build_model(width: int, layers: int):
@@ -65,9 +69,11 @@ def main() -> None:
 
     batch, prompt_length, new_tokens, repeats = (4, 8, 16, 1) if args.quick else (8, 32, 128, 3)
     shapes = [(128, 4)] if args.quick else [(128, 4), (512, 8)]
-    print(f"batch {batch}, prompt {prompt_length}, {new_tokens} new tokens, top-p 0.95; torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {platform.machine()}")
-    print(f"{'model':<22}{'generate() tok/s':>18}{'relayrl tok/s':>15}{'relayrl / generate':>20}")
+    revision = commit()
+    lines = [f"Batch {batch}, prompt {prompt_length}, {new_tokens} new tokens, top-p 0.95, seeded requests; torch "
+             f"{torch.__version__}, {torch.get_num_threads()} threads; best of {repeats}, the same model in the same run:",
+             "", "| model | `generate()` tok/s | relayrl tok/s | relayrl / generate |", "|---|---:|---:|---:|"]
+    print(lines[0])
     for width, layers in shapes:
         model = build_model(width, layers)
         parameters = sum(p.numel() for p in model.parameters())
@@ -78,9 +84,15 @@ def main() -> None:
         hf = min(hf_generate(model, prompts, new_tokens) for _ in range(repeats))
         ours = min(relayrl_generate(engine, prompts, new_tokens) for _ in range(repeats))
         tokens = batch * new_tokens
-        print(f"{f'{parameters / 1e6:.1f}M params':<22}{tokens / hf:>18.0f}{tokens / ours:>15.0f}{hf / ours:>20.2f}")
+        lines.append(f"| {parameters / 1e6:.1f}M parameters | {tokens / hf:.0f} | {tokens / ours:.0f} | {hf / ours:.2f} |")
+        print(lines[-1], flush=True)
         asyncio.run(engine.close())
-
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        path = write_results("engine", command="python benchmarks/engine.py", markdown=markdown, data={},
+                             revision=revision)
+        print(f"wrote {path}")
 
 if __name__ == "__main__":
     main()
