@@ -4,8 +4,10 @@ Endpoints (aiohttp):
 
 ``POST /generate``
     Body: a JSON :class:`GenerateRequest`. Response: newline-delimited JSON
-    :class:`StreamEvent`s, written as the engine produces them (usually one per token; engines
-    coalesce tokens for a consumer that lags); the last one has ``finish_reason``. This is the token-level API the rollout side uses.
+    :class:`StreamEvent`s, written as the engine hands them over (one per token, or several tokens
+    per event: the torch engine coalesces for a consumer that lags and, with ``stream_interval_s``,
+    at most that often); the last one has ``finish_reason``. This is the token-level API the
+    rollout side uses.
 ``POST /v1/completions``
     OpenAI-compatible completions (``prompt`` as text or token ids, ``max_tokens``,
     ``temperature``, ``top_p``, ``seed``, ``stream``) for pointing other tools at an engine. Needs a
