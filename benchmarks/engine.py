@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import commit, write_results
+from results import command_line, commit, write_results
 
 
 def build_model(width: int, layers: int):
@@ -73,7 +73,6 @@ def main() -> None:
     lines = [f"Batch {batch}, prompt {prompt_length}, {new_tokens} new tokens, top-p 0.95, seeded requests; torch "
              f"{torch.__version__}, {torch.get_num_threads()} threads; best of {repeats}, the same model in the same run:",
              "", "| model | `generate()` tok/s | relayrl tok/s | relayrl / generate |", "|---|---:|---:|---:|"]
-    print(lines[0])
     for width, layers in shapes:
         model = build_model(width, layers)
         parameters = sum(p.numel() for p in model.parameters())
@@ -85,14 +84,14 @@ def main() -> None:
         ours = min(relayrl_generate(engine, prompts, new_tokens) for _ in range(repeats))
         tokens = batch * new_tokens
         lines.append(f"| {parameters / 1e6:.1f}M parameters | {tokens / hf:.0f} | {tokens / ours:.0f} | {hf / ours:.2f} |")
-        print(lines[-1], flush=True)
         asyncio.run(engine.close())
     markdown = "\n".join(lines)
     print(markdown)
     if not args.quick:
-        path = write_results("engine", command="python benchmarks/engine.py", markdown=markdown, data={},
+        path = write_results("engine", command=command_line(), markdown=markdown, data={},
                              revision=revision)
         print(f"wrote {path}")
+
 
 if __name__ == "__main__":
     main()

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import commit, write_results
+from results import command_line, commit, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
@@ -88,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = "\n".join(lines)
     print(markdown)
     if not args.quick:
-        path = write_results("eval_during_run", command="python benchmarks/eval_during_run.py " +
-                             " ".join(argv if argv is not None else sys.argv[1:]), markdown=markdown,
+        path = write_results("eval_during_run", command=command_line(argv), markdown=markdown,
                              data={"results": results, "ratio": ratio}, revision=revision)
         print(f"wrote {path}")
     return 0

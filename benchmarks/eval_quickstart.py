@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import commit, write_results
+from results import command_line, commit, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
@@ -81,8 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = "\n".join(lines)
     print(markdown)
     if not args.quick:
-        path = write_results("eval_quickstart", command="python benchmarks/eval_quickstart.py " +
-                             " ".join(argv if argv is not None else sys.argv[1:]), markdown=markdown,
+        path = write_results("eval_quickstart", command=command_line(argv), markdown=markdown,
                              data={"steps": steps, "samples": k, "before": before["overall"], "after": after["overall"]},
                              revision=revision)
         print(f"wrote {path}")

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from results import commit, write_results
+from results import command_line, commit, write_results
 
 from relayrl.cli.report import length_penalty_table, tenths_table
 
@@ -58,9 +58,10 @@ def values(records: list[dict[str, Any]], name: str) -> list[float]:
     return [float(record["metrics"][name]) for record in records if record["metrics"].get(name) is not None]
 
 
-def mean(records: list[dict[str, Any]], name: str) -> float:
+def mean(records: list[dict[str, Any]], name: str) -> float | None:
+    """The mean of metric ``name`` over ``records``; None where none recorded it (an empty cell, not a 0)."""
     found = values(records, name)
-    return statistics.fmean(found) if found else 0.0
+    return statistics.fmean(found) if found else None
 
 
 def tenths(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -69,13 +70,20 @@ def tenths(records: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     return [records[round(i * size):round((i + 1) * size)] for i in range(10)]
 
 
+def num(value: float | None, spec: str, scale: float = 1.0) -> str:
+    """``value * scale`` formatted, or ``n/a`` for a metric the run never recorded (a short run may
+    publish no delta, for one)."""
+    return "n/a" if value is None else format(value * scale, spec)
+
+
 def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {round(seconds % 60):d} s"
 
 
 def summarise(records: list[dict[str, Any]], started: float, ended: float) -> dict[str, Any]:
     """The run's totals and its first and last tenths' means of every column the docs quote."""
-    first, last = tenths(records)[0], tenths(records)[-1]
+    slices = tenths(records)
+    first, last = slices[0], slices[-1]
     final = records[-1]["metrics"]
     rl_s = records[-1]["time"] - records[0]["time"]
     columns = ["reward/fleet_mean", "reward/fleet_graded_mean", "entropy/token_mean", "fleet/tool_calls_per_trajectory",
@@ -84,7 +92,7 @@ def summarise(records: list[dict[str, Any]], started: float, ended: float) -> di
             "steps": len(records), "steps_per_s": (len(records) - 1) / max(rl_s, 1e-9),
             "first_tenth": {name: mean(first, name) for name in columns},
             "last_tenth": {name: mean(last, name) for name in columns},
-            "compacted_share_by_tenth": [mean(chunk, "fleet/compacted_share") for chunk in tenths(records)],
+            "compacted_share_by_tenth": [mean(chunk, "fleet/compacted_share") for chunk in slices],
             "fleet_tokens_per_s": mean(records, "fleet/tokens_per_s"),
             "groups_graded": int(final.get("fleet/groups_graded_total", 0)),
             "answers_graded": int(final.get("sandbox/graded_answers", 0)),
@@ -97,7 +105,9 @@ def summarise(records: list[dict[str, Any]], started: float, ended: float) -> di
 
 # ------------------------------------------------------------------------------ what the docs show
 def quickstart_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str, str]:
-    def cell(value: float, name: str) -> str:
+    def cell(value: float | None, name: str) -> str:
+        if value is None:
+            return ""
         if name == "fleet/zero_variance_fraction":
             return f"{100 * value:.0f}%"
         return f"{value:.4f}" if name == "mismatch/kl_k3" else f"{value:.3f}"
@@ -112,11 +122,11 @@ def quickstart_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tup
     first, last = s["first_tenth"]["reward/fleet_mean"], s["last_tenth"]["reward/fleet_mean"]
     lines += ["", f"The success rate of the last tenth is **{last / max(first, 1e-9):.1f}x** that of the first "
               f"({last - first:+.2f} absolute); entropy {s['first_tenth']['entropy/token_mean']:.2f} -> "
-              f"{s['last_tenth']['entropy/token_mean']:.2f} nats/token. Fleet: {s['fleet_tokens_per_s']:,.0f} tokens/s, "
+              f"{s['last_tenth']['entropy/token_mean']:.2f} nats/token. Fleet: {num(s['fleet_tokens_per_s'], ',.0f')} tokens/s, "
               f"{s['groups_graded']:,} groups graded ({s['answers_graded']:,} answers in {s['sandbox_calls']:,} sandbox "
-              f"commands). Trainer: {s['trainer_step_s']:.2f} s per step, of which the checkpoint blocked "
-              f"{1000 * s['checkpoint_blocking_s']:.0f} ms; the engine applied {s['engine_weight_updates']} weight "
-              f"versions in place; deltas {s['delta_ratio']:.2f}x smaller than the full weights."]
+              f"commands). Trainer: {num(s['trainer_step_s'], '.2f')} s per step, of which the checkpoint blocked "
+              f"{num(s['checkpoint_blocking_s'], '.0f', 1000)} ms; the engine applied {s['engine_weight_updates']} "
+              f"weight versions in place; deltas {num(s['delta_ratio'], '.2f')}x smaller than the full weights."]
     headline = (f"Measured here: {minutes(s['wall_s'])} from the command to the report, the success rate "
                 f"{first:.3f} in the first tenth of {s['steps']} steps and {last:.3f} in the last.")
     return "\n".join(lines), headline
@@ -125,7 +135,7 @@ def quickstart_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tup
 def agent_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str, str]:
     first, last = s["first_tenth"], s["last_tenth"]
     reward = "reward/fleet_graded_mean"
-    compacted = s["compacted_share_by_tenth"]
+    compacted = [share for share in s["compacted_share_by_tenth"] if share is not None] or [0.0]
     lines = [f"{minutes(s['wall_s'])} from the command to the written report, of which {minutes(s['rl_s'])} are the "
              f"{s['steps']} RL steps and the rest start-up, the demonstrations and the warm-up. Every column is a mean "
              "over every graded trajectory of those steps (trained on or not); the reward is the grader's, before "
@@ -177,9 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(headline)
     if not args.quick:
-        invocation = "python benchmarks/example_run.py " + " ".join(argv if argv is not None else sys.argv[1:])
         for name, text in ((f"example_run-{args.example}", markdown), (f"example_run-{args.example}-headline", headline)):
-            path = write_results(name, command=invocation, markdown=text, data={"seed": args.seed, "summary": summary},
+            path = write_results(name, command=command_line(argv), markdown=text, data={"seed": args.seed, "summary": summary},
                                  revision=revision)
             print(f"wrote {path}")
     return 0

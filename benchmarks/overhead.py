@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from async_vs_sync import WORKLOADS, reached_at, success
 from async_vs_sync import run as relayrl_run
-from results import commit, write_results
+from results import command_line, commit, write_results
 
 from relayrl.algo.optim import OptimizerSection, build_optimizer
 from relayrl.core.config import load_config
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
             profiles = profile(args.profile, Path(folder))
         markdown = render_profile(profiles, args.profile)
         print(markdown)
-        path = write_results("overhead-profile", command=f"python benchmarks/overhead.py --profile {args.profile}",
+        path = write_results("overhead-profile", command=command_line(argv),
                              markdown=markdown, data=profiles, revision=revision)
         print(f"wrote {path}")
         return 0
@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 with tempfile.TemporaryDirectory(prefix="relayrl-overhead-run-") as folder:
                     records = relayrl_run("quickstart", "asynchronous", seed, Path(folder) / "run", steps, args.quick,
-                                          args.target, args.window, SIDES.get(side, []))
+                                          args.target, args.window, SIDES[side])
                 warmup_s = records[0]["time"] - started if records else 0.0   # includes start-up
             summary = summarise(records, args.target, args.window)
             summary["warmup_s"] = warmup_s
@@ -380,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
              f"success (last {args.window} steps) | warm-up + start-up s |", "|---|---|---|---|---|---|---|---|"]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     lines.append("")
-    for side in sides[:-1]:
+    for side in (side for side in sides if side != "hand-written"):
         ratios = [entry["ratios"][side]["groups"] for entry in per_seed]
         lines.append(f"{side} / hand-written groups graded per second: {statistics.fmean(ratios):.2f}x "
                      f"({min(ratios):.2f}-{max(ratios):.2f}) over {len(per_seed)} seed(s).")
@@ -392,8 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = "\n".join(lines)
     print(markdown)
     if not args.quick:
-        path = write_results("overhead-quickstart", command="python benchmarks/overhead.py " +
-                             " ".join(argv if argv is not None else sys.argv[1:]), markdown=markdown,
+        path = write_results("overhead-quickstart", command=command_line(argv), markdown=markdown,
                              data={"seeds": per_seed, "target": args.target, "window": args.window,
                                    "sampler_batch": args.sampler_batch}, revision=revision)
         print(f"wrote {path}")

@@ -23,6 +23,7 @@ import platform
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
-__all__ = ["machine", "render_block", "write_results"]
+__all__ = ["command_line", "commit", "machine", "render_block", "write_results"]
 
 
 def machine() -> dict[str, Any]:
@@ -77,6 +78,14 @@ def write_results(name: str, *, command: str, markdown: str, data: dict[str, Any
               "markdown": markdown.strip() + "\n", "data": data}
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """How the running benchmark was started, for its results file: ``python benchmarks/<script> ARGS``
+    (``argv``: the arguments its ``main`` parsed; default: the process's own)."""
+    script = Path(sys.argv[0]).resolve()
+    shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
+    return " ".join(["python", str(shown), *(sys.argv[1:] if argv is None else argv)])
 
 
 def render_block(name: str, folder: Path = RESULTS) -> str:

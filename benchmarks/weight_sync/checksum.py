@@ -33,6 +33,7 @@ def main() -> None:
     size = 16 * MIB if args.quick else 256 * MIB
     repeats = 1 if args.quick else 5
     print(machine())
+    report = Report("checksum")
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})   # one core: per-core speeds
     bits = bf16_bits(init_master(size // 2, seed=0)).view(np.uint8)
     reused = np.empty_like(bits)
@@ -46,7 +47,6 @@ def main() -> None:
     }
     seconds = {name: best_of(repeats, function)[0] for name, function in candidates.items()}
     baseline = seconds[next(iter(candidates))]
-    report = Report("checksum")
     report.say(f"A {size // MIB} MiB buffer of bf16 bits on one core, best of {repeats}:")
     report.say()
     report.table(["operation (one core)", "GB/s", "time vs manifest checksum"],

@@ -15,7 +15,7 @@ import numpy as np
 from relayrl.weight_sync.testing.synthetic import bf16_bits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from results import commit, write_results
+from results import command_line, commit, write_results
 
 GIB = 1 << 30
 MIB = 1 << 20
@@ -76,8 +76,7 @@ class Report:
         """Write the results file (not for ``--quick`` smoke runs)."""
         if quick:
             return
-        command = f"python benchmarks/weight_sync/{self.name}.py " + " ".join(sys.argv[1:])
-        path = write_results(f"weight_sync-{self.name}", command=command.strip(), markdown="\n".join(self.lines),
+        path = write_results(f"weight_sync-{self.name}", command=command_line(), markdown="\n".join(self.lines),
                              data=self.data, revision=self.revision)
         print(f"wrote {path}")
 

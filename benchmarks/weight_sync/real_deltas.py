@@ -52,7 +52,7 @@ import torch
 from common import GIB, MIB, machine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from results import commit, write_results
+from results import command_line, commit, write_results
 
 from relayrl.algo.config import AlgoSection, SamplingSection
 from relayrl.algo.optim import OptimizerSection
@@ -364,12 +364,10 @@ def main(argv: list[str] | None = None) -> int:
     markdown = render(summaries, args, model_name)
     print(markdown)
     if not args.quick:
-        path = write_results("weight_sync-real_deltas", command="python benchmarks/weight_sync/real_deltas.py " +
-                             " ".join(argv if argv is not None else sys.argv[1:]), markdown=markdown,
+        path = write_results("weight_sync-real_deltas", command=command_line(argv), markdown=markdown,
                              data={"summaries": summaries, "runs": runs}, revision=revision)
         print(f"wrote {path}")
-        path = write_results("weight_sync-real_deltas-headline", command="python benchmarks/weight_sync/real_deltas.py " +
-                             " ".join(argv if argv is not None else sys.argv[1:]),
+        path = write_results("weight_sync-real_deltas-headline", command=command_line(argv),
                              markdown=headline(summaries, args, model_name), data={"summaries": summaries},
                              revision=revision)
         print(f"wrote {path}")
