@@ -92,7 +92,8 @@ def test_trainer_step_benchmark_quick_mode_checks_the_losses_agree():
 def test_replay_ablation_quick_mode_runs_all_three_variants():
     out = run_quick("replay_ablation.py")
     assert all(f"\n{name} |" in out for name in ("replay", "naive", "plain"))
-    assert "mismatch KL" in out
+    assert "mismatch KL" in out and "success-rate slope over the last 3 tenths" in out
+    assert "Last tenth, replay against plain" in out
 
 
 @pytest.mark.parametrize("workload", ["quickstart", "agent"])
