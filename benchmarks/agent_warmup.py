@@ -21,6 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import command_line, commit, write_results
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,6 +37,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.steps, args.samples = [5], 8
+    revision = commit()
 
     import msgspec
     import torch
@@ -65,10 +69,13 @@ def main() -> None:
         demonstrations = asyncio.run(environment.demonstrate(harness=harness, chat=chat, tokenizer=tokenizer))
         examples = [MaskedExample(tokens, trained) for trajectory in demonstrations
                     for tokens, trained in iter_segments(trajectory)]
-        print(f"{len(demonstrations)} demonstrations ({len(examples)} segments) in {time.monotonic() - started:.1f} s",
-              flush=True)
-        print("| warm-up steps | warm-up s | reward (F1) | any reward | tool calls / traj | parallel turns |")
-        print("|---|---|---|---|---|---|")
+        lines = [f"{len(demonstrations)} demonstrations ({len(examples)} segments) in "
+                 f"{time.monotonic() - started:.1f} s; {args.samples} held-out samples per warm-up length, "
+                 f"{args.threads} threads:", "",
+                 "| warm-up steps | warm-up s | reward (F1) | any reward | tool calls / traj | parallel turns |",
+                 "|---|---|---|---|---|---|"]
+        print("\n".join(lines), flush=True)
+        rows = []
         for steps in args.steps:
             model = load_model(model_dir)
             started = time.monotonic()
@@ -80,9 +87,18 @@ def main() -> None:
             rewards = [trajectory.reward for trajectory in graded]
             calls = [len(turn.tool_calls) for trajectory in graded for segment in trajectory.segments
                      for turn in segment.turns if turn.role == "assistant"]
-            print(f"| {steps} | {seconds:.0f} | {statistics.mean(rewards):.3f} | "
-                  f"{statistics.mean(reward > 0 for reward in rewards):.2f} | {sum(calls) / len(graded):.2f} | "
-                  f"{sum(count >= 2 for count in calls) / max(len(calls), 1):.2f} |", flush=True)
+            row = {"steps": steps, "seconds": seconds, "reward": statistics.mean(rewards),
+                   "any_reward": statistics.mean(reward > 0 for reward in rewards),
+                   "tool_calls": sum(calls) / len(graded),
+                   "parallel_turns": sum(count >= 2 for count in calls) / max(len(calls), 1)}
+            rows.append(row)
+            lines.append(f"| {steps} | {seconds:.0f} | {row['reward']:.3f} | {row['any_reward']:.2f} | "
+                         f"{row['tool_calls']:.2f} | {row['parallel_turns']:.2f} |")
+            print(lines[-1], flush=True)
+    if not args.quick:
+        path = write_results("agent_warmup", command=command_line(), markdown="\n".join(lines),
+                             data={"rows": rows, "samples": args.samples}, revision=revision)
+        print(f"wrote {path}")
 
 
 async def _sample(environment, harness, chat, engine, proxy_type, config, samples: int):

@@ -26,6 +26,8 @@ import platform
 import tempfile
 
 import msgspec
+from results import command_line, write_results
+from results import commit as source_revision
 from timing import best_time  # benchmarks/timing.py (this script's folder is on sys.path)
 
 from relayrl.buffer import Buffer, BufferSection, SegmentWriter
@@ -81,10 +83,12 @@ def main() -> None:
     args = parser.parse_args()
     groups_total, samples, tokens, per_segment, repeats = (8, 4, 256, 2, 1) if args.quick else (96, 8, 4096, 4, 3)
 
+    revision = source_revision()
     groups = make_groups(groups_total, samples=samples, tokens=tokens)
-    print(f"{groups_total} groups x {samples} trajectories x {tokens} generated tokens (8 turns, kept-sets), "
-          f"{per_segment} groups per segment; {THREADS} threads; best of {repeats}; "
-          f"python {platform.python_version()} on {platform.machine()}")
+    setup = (f"{groups_total} groups x {samples} trajectories x {tokens} generated tokens (8 turns, kept-sets), "
+             f"{per_segment} groups per segment; {THREADS} threads; best of {repeats}; "
+             f"python {platform.python_version()} on {platform.machine()}")
+    print(setup)
     rows = []
     with tempfile.TemporaryDirectory(prefix="relayrl-buffer-bench-") as temp:
         backends = [("local files", lambda: open_store(f"file://{temp}/bus"), None)]
@@ -111,15 +115,20 @@ def main() -> None:
             if server is not None:
                 server.stop()
 
-    header = (f"{'store':<22}{'MB':>8}{'read s':>9}{'ingest s':>10}{'read MB/s':>11}{'groups/s':>10}"
-              f"{'Mtok/s':>9}{'ingest/read x':>15}")
-    print(header)
-    print("-" * len(header))
+    lines = [setup + ":", "", "| store | MB stored | read s | ingest s | groups/s | Mtokens/s | ingest / read |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     for name, stored, raw_s, ingest_s, count, token_count in rows:
-        print(f"{name:<22}{stored / 1e6:>8.2f}{raw_s:>9.3f}{ingest_s:>10.3f}{stored / raw_s / 1e6:>11.1f}"
-              f"{count / ingest_s:>10.1f}{token_count / ingest_s / 1e6:>9.2f}{ingest_s / raw_s:>15.2f}")
-    print("read: list + verified get of every segment, no decoding; ingest: Buffer.poll() (read, zstd, msgspec, index). "
-          "tokens: context + generated tokens the trainer processes.")
+        lines.append(f"| {name} | {stored / 1e6:.1f} | {raw_s:.3f} | {ingest_s:.3f} | {count / ingest_s:.0f} | "
+                     f"{token_count / ingest_s / 1e6:.1f} | {ingest_s / raw_s:.1f}x |")
+    lines += ["", "read: list + verified get of every segment, no decoding; ingest: `Buffer.poll()` (read, zstd, msgspec, "
+              "index); tokens: the context + generated tokens the trainer processes."]
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        path = write_results("buffer", command=command_line(), markdown=markdown, revision=revision,
+                             data={"rows": [dict(zip(("store", "bytes", "read_s", "ingest_s", "groups", "tokens"), row))
+                                            for row in rows]})
+        print(f"wrote {path}")
 
 
 class _null:

@@ -24,6 +24,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import command_line, commit, write_results
+
 
 def build(width: int, layers: int):
     import torch
@@ -74,6 +77,7 @@ def main() -> None:
     from relayrl.trainer.torch_backend import TorchTrainer
 
     width, layers, length, steps = (64, 2, 32, 3) if args.quick else (512, 6, 256, 6)
+    revision = commit()
     model = build(width, layers)
     parameters = sum(p.numel() for p in model.parameters())
     trainer = TorchTrainer(model, algo=AlgoSection(optimizer=OptimizerSection(lr=1e-4)))
@@ -104,26 +108,36 @@ def main() -> None:
             assert torch.equal(value, from_peer.state["trainer"]["model"][name]), name
 
     step_s, block_s, write_s = (statistics.median(values) for values in (step_times, blocking, writes))
-    print(f"{parameters / 1e6:.1f}M parameters, checkpoint {size_mb:.0f} MB (model + optimiser), {steps} steps, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, python {platform.python_version()}")
-    print(f"{'measure':<44}{'seconds':>10}{'ratio':>10}")
-    print(f"{'training step (median)':<44}{step_s:>10.3f}{1.0:>10.2f}")
-    print(f"{'save: trainer blocked (copy to CPU)':<44}{block_s:>10.4f}{block_s / step_s:>10.3f}  (target <= 0.05)")
-    print(f"{'save: background write, local + 1 peer':<44}{write_s:>10.3f}{write_s / step_s:>10.2f}")
-    print(f"{'recover from local disk':<44}{local_s:>10.3f}{1.0:>10.2f}")
-    print(f"{'recover from peer (and rebuild local)':<44}{peer_s:>10.3f}{peer_s / local_s:>10.2f}")
+    lines = [f"{parameters / 1e6:.1f}M-parameter Llama-style model, checkpoint {size_mb:.0f} MB (model + optimiser), "
+             f"local disk plus one peer over loopback, median of {steps} steps; torch {torch.__version__}, "
+             f"{torch.get_num_threads()} threads, python {platform.python_version()}:", "",
+             "| measure | seconds | ratio |", "|---|---:|---:|",
+             f"| training step (median) | {step_s:.2f} | 1.00 |",
+             f"| save: trainer blocked (copy to CPU) | {block_s:.4f} | {block_s / step_s:.3f} of a step (target <= 0.05) |",
+             f"| save: background write, local + 1 peer | {write_s:.2f} | {write_s / step_s:.2f} of a step "
+             "(overlaps the next step) |",
+             f"| recover from local disk | {local_s:.2f} | 1.00 |",
+             f"| recover from the peer, rebuilding the local copy | {peer_s:.2f} | {peer_s / local_s:.1f}x local |"]
+    data = {"parameters": parameters, "checkpoint_mb": size_mb, "step_s": step_s, "blocking_s": block_s,
+            "write_s": write_s, "recover_local_s": local_s, "recover_peer_s": peer_s}
     if args.quick:  # three more process start-ups; the fault-tolerance tests run the same kill and resume
         print("process start to ready: not measured in --quick")
     else:
-        resume_vs_fresh()
+        data.update(resume_vs_fresh(lines))
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        path = write_results("checkpoint", command=command_line(), markdown=markdown, data=data, revision=revision)
+        print(f"wrote {path}")
 
 
-def resume_vs_fresh() -> None:
-    """Process start to ready-to-train: a fresh start versus a resume after SIGKILL (imports included)."""
+def resume_vs_fresh(lines: list[str]) -> dict[str, float]:
+    """Process start to ready-to-train: a fresh start versus a resume after SIGKILL (imports included);
+    appends the two rows to ``lines``."""
     script = Path(__file__).resolve().parent.parent / "packages/fault-tolerance/tests/trainer_run.py"
     if not script.exists():
         print("resume timing skipped: packages/fault-tolerance/tests/trainer_run.py not found")
-        return
+        return {}
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("RELAYRL_FAULT_KILL", None)
     with tempfile.TemporaryDirectory() as temp:
@@ -137,8 +151,9 @@ def resume_vs_fresh() -> None:
         fresh = timed(0)  # start-up only: imports, model, optimiser, an empty recovery
         timed(4, kill="mid-step:2")  # dies during step 2; checkpoints of steps 1 and 2 exist
         resumed = timed(2)  # start-up plus recovery of step 2; no step left to train
-        print(f"{'process start to ready, fresh':<44}{fresh:>10.2f}{1.0:>10.2f}")
-        print(f"{'process start to ready, resumed after kill':<44}{resumed:>10.2f}{resumed / fresh:>10.2f}")
+    lines += [f"| process start to ready, fresh | {fresh:.2f} | 1.00 |",
+              f"| process start to ready, resumed after SIGKILL | {resumed:.2f} | {resumed / fresh:.2f} |"]
+    return {"start_fresh_s": fresh, "start_resumed_s": resumed}
 
 
 if __name__ == "__main__":

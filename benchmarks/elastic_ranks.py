@@ -38,6 +38,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import command_line, commit, write_results
+
 ROOT = Path(__file__).resolve().parents[1]
 RANKS = 3
 ARGS = ["--steps", "2000", "--no-report", "--set", "trainer.warmup.steps=3",
@@ -124,25 +127,34 @@ def main() -> None:
     args = parser.parse_args()
     kills = 1 if args.quick else args.kills
     rng = random.Random(args.seed)
+    revision = commit()
     print(f"# elastic trainer ranks: {RANKS} torch ranks on the quickstart, {kills} SIGKILL(s) of trainer-1 per "
-          f"mode (seed {args.seed}); python {platform.python_version()}, {os.cpu_count()} cores")
+          f"mode (seed {args.seed}); python {platform.python_version()}, {os.cpu_count()} cores", flush=True)
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
         for elastic in (True, False):
             name = "elastic" if elastic else "restart-all"
             results[name] = measure(Path(scratch) / name, elastic=elastic, kills=kills, rng=rng,
                                     timeout_s=300 + 120 * kills)
-    print("| mode | step gap before kills (s) | stall per kill (s) | lost until whole (s) | kill to full size (s) |")
-    print("|---|---|---|---|---|")
+    lines = [f"{RANKS} torch ranks on the quickstart, {kills} SIGKILL(s) of `trainer-1` at random moments per mode "
+             f"(seed {args.seed}); python {platform.python_version()}, {os.cpu_count()} cores:", "",
+             "| mode | step gap before kills (s) | stall per kill (s) | lost until whole (s) | kill to full size (s) |",
+             "|---|---|---|---|---|"]
     for name, result in results.items():
         cells = [f"{statistics.median(result[key]):.2f} ({', '.join(f'{v:.1f}' for v in result[key])})"
                  for key in ("stalls", "lost", "regrown")]
-        print(f"| {name} | {result['normal_gap']:.2f} | {' | '.join(cells)} |")
-    print("(medians; each kill in brackets)")
+        lines.append(f"| {name} | {result['normal_gap']:.2f} | {' | '.join(cells)} |")
+    lines += ["", "(medians; each kill in brackets)"]
     for key, what in (("stalls", "stalls the trainer"), ("lost", "loses")):
         ratio = statistics.median(results["restart-all"][key]) / max(statistics.median(results["elastic"][key]), 1e-3)
-        print(f"restart-all {what} {ratio:.1f}x as long per kill as elastic ranks")
-    print("both runs' ledgers verified: every group trained once")
+        lines.append(f"restart-all {what} {ratio:.1f}x as long per kill as elastic ranks.")
+    lines.append("Both runs' ledgers verified: every group trained once.")
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        path = write_results("elastic_ranks", command=command_line(), markdown=markdown, data=results,
+                             revision=revision)
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

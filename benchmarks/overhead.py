@@ -198,8 +198,10 @@ def hand_written(seed: int, steps: int, target: float, window: int, quick: bool,
 
 
 # ------------------------------------------------------------------------------ where relayrl's time goes
-def profile(seconds: int, folder: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """py-spy every process of a running quickstart for ``seconds`` once RL has started; CPU samples per process."""
+def profile(seconds: int, folder: Path, overrides: Sequence[str] = (), *, subprocesses: bool = False) -> dict[str, Any]:
+    """py-spy every process of a running quickstart (``overrides``: more ``--set`` arguments) for ``seconds``
+    once RL has started; CPU samples per process. ``subprocesses``: also sample each process's children
+    (vLLM's engine core runs in one), folded into their parent's row."""
     import json
     import shutil
     import signal
@@ -221,7 +223,8 @@ def profile(seconds: int, folder: Path, overrides: Sequence[str] = ()) -> dict[s
                 time.sleep(0.5)
             children = json.loads((run_dir / "status" / "launcher.json").read_text())["children"]
             spies = {name: subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200",
-                                             "--nonblocking", "--full-filenames", "--format", "raw", "--output", str(folder / f"{name}.txt")],
+                                             "--nonblocking", "--full-filenames", *(["--subprocesses"] if subprocesses else []),
+                                             "--format", "raw", "--output", str(folder / f"{name}.txt")],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                      for name, pid in children.items()}
             failures = {name: spy.communicate()[1].strip().splitlines()[-1:] for name, spy in spies.items()
@@ -246,6 +249,8 @@ CATEGORIES = [
     ("checkpoints (torch.save, fault tolerance)", ("torch/serialization.py", "relayrl/fault_tolerance/")),
     ("weight sync", ("relayrl/weight_sync/",)),
     ("model forward/backward (torch)", ("torch/", "transformers/")),
+    ("vLLM (scheduler, engine core, output processing)", ("vllm/",)),
+    ("Dynamo runtime", ("dynamo/",)),
     ("sandboxed grading (subprocess, bubblewrap)", ("subprocess.py", "batch_grading.py", "relayrl/sandbox/")),
     ("HTTP, sockets and polling (aiohttp, selectors)", ("aiohttp/", "http/", "socket.py", "selectors.py", "ssl.py")),
     ("serialisation (msgspec, json, zstd)", ("msgspec", "json/", "zstandard", "codecs.py", "wire.py")),
@@ -284,14 +289,17 @@ def collapse(path: Path) -> dict[str, Any]:
     return {"samples": total, "categories": dict(categories.most_common()), "relayrl_frames": dict(own.most_common(8))}
 
 
-def render_profile(profiles: dict[str, dict[str, Any]], seconds: int) -> str:
-    lines = [f"CPU samples (py-spy, 200 Hz, {seconds} s once RL had started) of each process of `relayrl run "
-             "examples/quickstart.toml`, by what the sampled code does:", "",
-             "| process | CPU s sampled | " + " | ".join(name for name, _ in CATEGORIES) + " | other |",
-             "|---|---|" + "---|" * (len(CATEGORIES) + 1)]
+def render_profile(profiles: dict[str, dict[str, Any]], seconds: int, overrides: Sequence[str] = ()) -> str:
+    """The profile's table: each process's CPU samples by category (categories no process touched left out)."""
+    shown = [name for name, _ in CATEGORIES if any(data["categories"].get(name) for data in profiles.values())]
+    run = " ".join(["relayrl run examples/quickstart.toml", *overrides])
+    lines = [f"CPU samples (py-spy, 200 Hz, {seconds} s once RL had started) of each process of `{run}`, by what the "
+             "sampled code does:", "",
+             "| process | CPU s sampled | " + " | ".join(shown) + " | other |",
+             "|---|---|" + "---|" * (len(shown) + 1)]
     for process, data in profiles.items():
         total = max(data["samples"], 1)
-        shares = [data["categories"].get(name, 0) / total for name, _ in CATEGORIES]
+        shares = [data["categories"].get(name, 0) / total for name in shown]
         other = 1 - sum(shares)
         lines.append(f"| {process} | {data['samples'] / 200:.1f} | " + " | ".join(f"{100 * share:.0f}%" for share in shares)
                      + f" | {100 * other:.0f}% |")

@@ -22,6 +22,10 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import command_line, commit, write_results
 
 
 def kept_set_sizes(rows: int, generator) -> list[int]:
@@ -104,6 +108,7 @@ def main() -> None:
         child(method, int(rows), int(vocab), int(repeats))
         return
     rows, vocab, repeats = (512, 4096, 2) if args.quick else (8192, 32768, 3)
+    revision = commit()
     results = {}
     for method in ("dense", "relayrl"):
         output = subprocess.run([sys.executable, __file__, "--child", method, str(rows), str(vocab), str(repeats)],
@@ -111,16 +116,23 @@ def main() -> None:
         results[method] = json.loads(output.strip().splitlines()[-1])
     dense, ours = results["dense"], results["relayrl"]
     agreement = abs(dense["checksum"] - ours["checksum"]) / max(dense["checksum"], 1e-12)
-    print(f"replay_logprobs forward+backward, {rows} rows x {vocab} vocab, fp32 logits "
-          f"({rows * vocab * 4 / 2**20:.0f} MiB), {ours['nnz']} kept ids (mean {ours['nnz'] / rows:.1f}/row); "
-          f"1 thread; python {platform.python_version()} on {platform.machine()}")
-    print(f"{'method':<22}{'time s':>10}{'extra peak MiB':>17}{'time x':>9}{'memory x':>10}")
-    for name, result in (("dense mask (baseline)", dense), ("relayrl (gather)", ours)):
-        print(f"{name:<22}{result['seconds']:>10.3f}{result['extra_peak_mib']:>17.0f}"
-              f"{result['seconds'] / dense['seconds']:>9.2f}{result['extra_peak_mib'] / max(dense['extra_peak_mib'], 1):>10.2f}")
-    print(f"gradients agree to {agreement:.1e} (relative L1); x columns relative to the dense baseline, lower is better")
+    lines = [f"replay_logprobs forward+backward, {rows} rows x {vocab} vocab, fp32 logits "
+             f"({rows * vocab * 4 / 2**20:.0f} MiB), {ours['nnz']} kept ids (mean {ours['nnz'] / rows:.1f}/row); "
+             f"1 thread; python {platform.python_version()} on {platform.machine()}; best of {repeats}:", "",
+             "| method | time s | extra peak MiB | time x | memory x |", "|---|---:|---:|---:|---:|"]
+    for name, result in (("dense mask (baseline)", dense), ("relayrl (gather + segment log-sum-exp)", ours)):
+        lines.append(f"| {name} | {result['seconds']:.2f} | {result['extra_peak_mib']:.0f} | "
+                     f"{result['seconds'] / dense['seconds']:.2f} | "
+                     f"{result['extra_peak_mib'] / max(dense['extra_peak_mib'], 1):.2f} |")
+    lines += ["", f"x columns relative to the dense baseline, lower is better; gradients agree to {agreement:.0e} "
+              "(relative L1)."]
+    markdown = "\n".join(lines)
+    print(markdown)
     if agreement > 1e-4:
         raise SystemExit("relayrl and the dense reference disagree")
+    if not args.quick:
+        path = write_results("replay", command=command_line(), markdown=markdown, data=results, revision=revision)
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -20,10 +20,12 @@ countdown's reference scorer (the sandboxed grader is identical and tested again
 not what is measured), skips zero-variance groups and takes one TorchTrainer step (GRPO, PPO-clip,
 truncated IS, Muon 3e-4, entropy bonus 0.01: the quickstart's settings). A seed changes the model's
 initialisation, the warm-up's batches, the task order and the engine's sampling. Printed: entropy of
-the full distribution, mismatch KL (k3, behaviour vs trainer) and success rate, per tenth of the
-run, as the mean over seeds and the range; the slope of the success rate over the last three tenths
-says whether the run reached its plateau. Writes ``benchmarks/results/replay_ablation.json`` (docs/
-algorithms.md renders it) and, with ``--plot FILE`` and matplotlib, a plot of the means.
+the full distribution (the one the entropy bonus acts on), entropy of the renormalised kept-set (the
+distribution the engine samples), mismatch KL (k3, behaviour vs trainer) and success rate, per tenth
+of the run, as the mean over seeds and the range; the slope of the success rate over the last three
+tenths says whether the run reached its plateau. Writes ``benchmarks/results/replay_ablation.json``
+(``replay_ablation-diagnose.json`` with ``--diagnose``; docs/algorithms.md renders both) and, with
+``--plot FILE`` and matplotlib, a plot of the means.
 
 Usage: ``python benchmarks/replay_ablation.py [--steps N] [--seeds 0 1 2] [--diagnose] [--plot FILE]
 [--quick]``.
@@ -76,7 +78,8 @@ class Variant:
 VARIANTS = {"replay": Variant(0.95, True), "naive": Variant(0.95, False), "plain": Variant(1.0, True)}
 DIAGNOSTICS = {"replay-no-bonus": Variant(0.95, True, entropy_coef=0.0), "replay-lr1e-4": Variant(0.95, True, lr=1e-4),
                "replay-p0.8": Variant(0.8, True)}
-KEYS = (("entropy", "entropy (nats/token)", ".3f"), ("kl", "mismatch KL (k3)", ".4f"), ("reward", "success rate", ".3f"))
+KEYS = (("entropy", "entropy (nats/token)", ".3f"), ("kept_entropy", "kept-set entropy (what is sampled)", ".3f"),
+        ("kl", "mismatch KL (k3)", ".4f"), ("reward", "success rate", ".3f"))
 SHOWN_TENTHS = (0, 2, 4, 6, 8, 9)   # the docs table's columns: 1/10, 3/10, ..., 9/10, 10/10
 
 
@@ -135,6 +138,9 @@ async def run_variant(variant: Variant, model, chat, steps: int, prompts: int, g
             if groups:
                 metrics = trainer.step(groups)
                 record.update(entropy=metrics["entropy/token_mean"], kl=metrics.get("mismatch/kl_k3", 0.0))
+                if variant.replay:  # without kept-sets the trainer does not know what the engine sampled from
+                    # top-p 1 records no kept-sets: the engine samples the full distribution
+                    record["kept_entropy"] = metrics["entropy/kept_mean" if variant.top_p < 1 else "entropy/token_mean"]
                 engine.pause()
                 engine.load_weights(dict(policy.named_parameters()), trainer.version)
                 engine.resume()
@@ -171,6 +177,16 @@ def spread(values: list[float], fmt: str) -> str:
     return mean if len(values) == 1 else f"{mean} ({format(min(values), fmt)}-{format(max(values), fmt)})"
 
 
+def last_ratio(pairs: list[tuple[list[dict[str, float]], list[dict[str, float]]]], key: str) -> list[float]:
+    """Per seed, the last tenth's ``key`` of one run over that of the other (seeds where both recorded it)."""
+    ratios = []
+    for ours, theirs in pairs:
+        mine, other = tenths(ours, key)[9], tenths(theirs, key)[9]
+        if mine and other:
+            ratios.append(mine / other)
+    return ratios
+
+
 def render(runs: dict[str, dict[int, dict]], steps: int, seeds: list[int]) -> str:
     """The docs' table (mean over seeds and range, per shown tenth) and what the runs say."""
     names = list(runs)
@@ -186,25 +202,33 @@ def render(runs: dict[str, dict[int, dict]], steps: int, seeds: list[int]) -> st
         for name in names:
             lines.append(f"| {title.split(' (')[0]}, {name} | "
                          + " | ".join(spread(column(name, key, t), fmt) for t in SHOWN_TENTHS) + " |")
-    lines += ["", "| | last-tenth entropy / first-tenth | success-rate slope over the last 3 tenths (per 100 steps) "
-              "| s per run |", "|---|---|---|---|"]
+    lines += ["", "| | entropy, last tenth / first | kept-set entropy, last tenth / first | success-rate slope over "
+              "the last 3 tenths (per 100 steps) | s per run |", "|---|---|---|---|---|"]
+
+    def kept_share(name: str, key: str) -> list[float]:
+        return [last / first for first, last in zip(column(name, key, 0), column(name, key, 9)) if first]
+
     for name in names:
-        kept = [last / first for first, last in zip(column(name, "entropy", 0), column(name, "entropy", 9))]
         slopes = [late_slope(run["history"]) for run in runs[name].values()]
         seconds = [run["seconds"] for run in runs[name].values()]
-        lines.append(f"| {name} | {spread(kept, '.2f')} | {spread(slopes, '+.3f')} | {spread(seconds, '.0f')} |")
+        lines.append(f"| {name} | {spread(kept_share(name, 'entropy'), '.2f')} | "
+                     f"{spread(kept_share(name, 'kept_entropy'), '.2f')} | {spread(slopes, '+.3f')} | "
+                     f"{spread(seconds, '.0f')} |")
     lines.append("")
     findings = []
     for other in ("naive", "plain"):
         if other not in runs or "replay" not in runs:
             continue
         pairs = [(runs["replay"][s]["history"], runs[other][s]["history"]) for s in seeds]
-        entropy = [tenths(a, "entropy")[9] / tenths(b, "entropy")[9] for a, b in pairs
-                   if tenths(a, "entropy")[9] and tenths(b, "entropy")[9]]
+
+        entropy, sampled = last_ratio(pairs, "entropy"), last_ratio(pairs, "kept_entropy")
         reward = [tenths(a, "reward")[9] - tenths(b, "reward")[9] for a, b in pairs]
         findings.append(f"Last tenth, replay against {other}: entropy {spread(entropy, '.2f')}x, higher in "
-                        f"{sum(r > 1 for r in entropy)} of {len(entropy)} seeds; success rate {spread(reward, '+.3f')} "
-                        f"absolute, higher in {sum(r > 0 for r in reward)} of {len(reward)} seeds.")
+                        f"{sum(r > 1 for r in entropy)} of {len(entropy)} seeds"
+                        + (f"; the entropy of what is sampled {spread(sampled, '.2f')}x, higher in "
+                           f"{sum(r > 1 for r in sampled)} of {len(sampled)}" if sampled else "")
+                        + f"; success rate {spread(reward, '+.3f')} absolute, higher in "
+                          f"{sum(r > 0 for r in reward)} of {len(reward)} seeds.")
     if "naive" in runs:
         kl = [tenths(run["history"], "kl") for run in runs["naive"].values()]
         findings.append(f"Naive top-p's mismatch KL: {spread([k[0] for k in kl if k[0] is not None], '.4f')} in the "
@@ -224,7 +248,7 @@ def plot(runs: dict[str, dict[int, dict]], path: str) -> None:
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return
-    figure, axes = plt.subplots(1, 3, figsize=(13, 3.4))
+    figure, axes = plt.subplots(1, len(KEYS), figsize=(4.3 * len(KEYS), 3.4))
     for axis, (key, title, _) in zip(axes, KEYS):
         for name, seeds in runs.items():
             curves = []
@@ -234,7 +258,7 @@ def plot(runs: dict[str, dict[int, dict]], path: str) -> None:
                                else float("nan") for i in range(len(values))])
             mean = [statistics.fmean(points) for points in zip(*curves)]
             axis.plot(range(len(mean)), mean, label=name, linewidth=1.0)
-        axis.set_title(f"{title}, mean of {len(next(iter(runs.values())))} seed(s)")
+        axis.set_title(f"{title}\nmean of {len(next(iter(runs.values())))} seed(s)", fontsize=9)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
@@ -245,7 +269,7 @@ def plot(runs: dict[str, dict[int, dict]], path: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--steps", type=int, default=1200)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--diagnose", action="store_true", help="also run the three one-change variants of replay")
     parser.add_argument("--plot", default=None, help="write a PNG here (needs matplotlib)")
@@ -287,8 +311,8 @@ def main(argv: list[str] | None = None) -> int:
                 "runs": {name: {str(seed): {"seconds": run["seconds"], "late_slope": late_slope(run["history"]),
                                             **{key: tenths(run["history"], key) for key, _, _ in KEYS}}
                                 for seed, run in seeds_runs.items()} for name, seeds_runs in runs.items()}}
-        path = write_results("replay_ablation", command=command_line(argv), markdown=markdown, data=data,
-                             revision=revision)
+        name = "replay_ablation-diagnose" if args.diagnose else "replay_ablation"
+        path = write_results(name, command=command_line(argv), markdown=markdown, data=data, revision=revision)
         print(f"wrote {path}")
     return 0
 

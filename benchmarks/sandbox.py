@@ -22,12 +22,17 @@ Ratios to the baseline are what to read; absolute times vary with the machine an
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import command_line, commit, write_results
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -127,12 +132,15 @@ def main() -> None:
     args = parser.parse_args()
     calls = args.calls or (20 if args.quick else 200)
     turns = max(2, calls // 8)
+    revision = commit()
 
     from relayrl.sandbox.api import Limits, SandboxUnavailable
     from relayrl.sandbox.config import backends
 
-    print(f"python {platform.python_version()} on {platform.machine()}, {calls} serial calls and {turns} turns "
-          f"of 8 concurrent calls per row; tool call: bash -c 'echo hi'")
+    setup = (f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cores, "
+             f"{'root' if os.geteuid() == 0 else 'not root'}; {calls} serial calls and {turns} turns of 8 concurrent "
+             "calls per row; tool call: `bash -c 'echo hi'`")
+    print(setup)
     rows = {"bare subprocess (baseline)": bare_row(calls, turns)}
     available = {}
     with tempfile.TemporaryDirectory(prefix="relayrl-bench-") as temp:
@@ -150,19 +158,28 @@ def main() -> None:
             rows[f"{name} ({len(backend.capabilities())}/8 isolation properties)"] = backend_row(backend, seed, calls, turns)
 
     baseline = rows["bare subprocess (baseline)"]["p50"]
-    header = f"{'backend':<42} {'p50 ms':>8} {'p95 ms':>8} {'x base':>7} {'calls/s':>8} {'8-par calls/s':>14} {'create+close ms':>16}"
-    print(header)
-    print("-" * len(header))
+    lines = [setup + ":", "", "| backend | p50 ms | p95 ms | p50 x baseline | calls/s | 8-parallel calls/s "
+             "| create + close ms |", "|---|---:|---:|---:|---:|---:|---:|"]
     for name, row in rows.items():
         create = f"{row['create']:.1f}" if "create" in row else "-"
-        print(f"{name:<42} {row['p50']:>8.2f} {row['p95']:>8.2f} {row['p50'] / baseline:>7.1f} {row['serial']:>8.0f} "
-              f"{row['parallel']:>14.0f} {create:>16}")
-
+        lines.append(f"| {name} | {row['p50']:.2f} | {row['p95']:.2f} | {row['p50'] / baseline:.1f} | "
+                     f"{row['serial']:.0f} | {row['parallel']:.0f} | {create} |")
     answers = 4 if args.quick else 8
+    lines += ["", f"Grading {answers} answers to one shipped task: the bare baseline runs the hidden tests with "
+              "`python3 -m unittest` on a patched copy, no isolation or evidence; the grader gives each answer a fresh "
+              "sandbox, the evidence runner and signed records.", "",
+              "| backend | bare unittest ms per answer | grader ms per answer | grader / bare |", "|---|---:|---:|---:|"]
+    grading = {}
     for name, backend in available.items():
         bare, graded = grading_rows(backend, answers)
-        print(f"grading {answers} answers with {name}: bare unittest (baseline) {bare / answers * 1e3:.0f} ms each, "
-              f"grader (sandbox per answer, evidence) {graded / answers * 1e3:.0f} ms each ({graded / bare:.2f}x)")
+        grading[name] = {"bare_s": bare / answers, "graded_s": graded / answers}
+        lines.append(f"| {name} | {bare / answers * 1e3:.0f} | {graded / answers * 1e3:.0f} | {graded / bare:.2f}x |")
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        path = write_results("sandbox", command=command_line(), markdown=markdown, revision=revision,
+                             data={"calls": rows, "grading": grading})
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

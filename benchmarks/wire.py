@@ -22,6 +22,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+from results import command_line, commit, write_results
 from timing import best_time  # benchmarks/timing.py (this script's folder is on sys.path)
 
 from relayrl.core import codec, wire
@@ -97,12 +98,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="few repeats (a CI smoke run)")
     args = parser.parse_args()
     repeats = 2 if args.quick else 7
+    revision = commit()
 
     trajectory, plain = make_trajectory()
     kept_total = sum(len(span.kept_ids) // 4 for span in trajectory.generated_spans())
-    print(f"trajectory: {trajectory.num_generated_tokens} generated tokens, {trajectory.num_turns} assistant turns, "
-          f"{kept_total} kept ids (mean kept-set {kept_total / trajectory.num_generated_tokens:.2f}); "
-          f"python {platform.python_version()} on {platform.machine()}")
+    setup = (f"One trajectory: {trajectory.num_generated_tokens:,} generated tokens, {trajectory.num_turns} assistant "
+             f"turns, {kept_total:,} kept ids (mean kept-set {kept_total / trajectory.num_generated_tokens:.2f}); "
+             f"python {platform.python_version()} on {platform.machine()}; best of {repeats}")
+    print(setup)
 
     formats: list[tuple[str, Callable[[], bytes], Callable[[bytes], Any]]] = [
         ("relayrl msgpack", lambda: codec.encode(trajectory), lambda b: codec.decode(b, wire.Trajectory)),
@@ -124,16 +127,19 @@ def main() -> None:
 
     base_size, base_encode, base_decode = rows[1][1], rows[1][2], rows[1][3]
     tokens = trajectory.num_generated_tokens
-    header = f"{'format':<26}{'size MB':>9}{'encode ms':>11}{'decode ms':>11}{'enc Mtok/s':>12}{'dec Mtok/s':>12}" \
-             f"{'size x':>9}{'enc x':>8}{'dec x':>8}"
-    print(header)
-    print("-" * len(header))
+    lines = [setup + ":", "", "| format | size MB | encode ms | decode ms | encode Mtok/s | decode Mtok/s | size x "
+             "| encode x | decode x |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, size, encode_s, decode_s in rows:
-        print(f"{name:<26}{size / 1e6:>9.2f}{encode_s * 1e3:>11.2f}{decode_s * 1e3:>11.2f}"
-              f"{tokens / encode_s / 1e6:>12.2f}{tokens / decode_s / 1e6:>12.2f}"
-              f"{size / base_size:>9.1f}{encode_s / base_encode:>8.1f}{decode_s / base_decode:>8.1f}")
-    print("x columns: relative to 'relayrl msgpack+zstd' (the stored format); higher means bigger/slower. "
-          f"Best of {repeats} runs.")
+        lines.append(f"| {name} | {size / 1e6:.2f} | {encode_s * 1e3:.2f} | {decode_s * 1e3:.2f} | "
+                     f"{tokens / encode_s / 1e6:.1f} | {tokens / decode_s / 1e6:.1f} | {size / base_size:.1f} | "
+                     f"{encode_s / base_encode:.2f} | {decode_s / base_decode:.2f} |")
+    lines += ["", "x columns: relative to `relayrl msgpack+zstd` (the stored format); higher means bigger or slower."]
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        path = write_results("wire", command=command_line(), markdown=markdown, revision=revision,
+                             data={"rows": [dict(zip(("format", "bytes", "encode_s", "decode_s"), row)) for row in rows]})
+        print(f"wrote {path}")
 
 
 if __name__ == "__main__":

