@@ -378,3 +378,39 @@ def test_the_code_environment_hides_the_task_folder_and_the_run_directory(reques
     trajectory = wire.Trajectory(trajectory_id="t", task_id=task.task_id, group_id="g", sample_index=0, segments=[])
     (graded,) = asyncio.run(environment.grade(task, [trajectory], [answer_diff(task, {"numerals/roman.py": probe})]))
     assert graded.reward == 1.0, msgspec.structs.asdict(graded)
+
+
+class FlakyGrader(IndexGrader):
+    """Fails every third group, as a sandbox that cannot start would."""
+
+    def __init__(self):
+        self.calls = 0
+
+    async def grade(self, task, trajectories, answers):
+        self.calls += 1
+        if self.calls % 3 == 0:
+            raise RuntimeError("cannot set up the sandbox")
+        return await super().grade(task, trajectories, answers)
+
+
+def test_a_group_whose_grading_fails_is_counted_and_reported_and_the_fleet_goes_on(tmp_path, capfd):
+    store = open_store(str(tmp_path / "bus"))
+    manager = RolloutManager(scheduler=PromptScheduler([TaskSpec(task_id="t", instruction="q")], seed=0),
+                             harness=SingleTurn(), proxy=TokenRecordingProxy(ScriptedEngine(["answer"] * 100, "unused")),
+                             chat=CHAT, sampling=SamplingParams(), grader=FlakyGrader(),
+                             writer=SegmentWriter(store, "rollout-0", groups_per_segment=1), store=store,
+                             group_size=2, max_concurrent_groups=1, max_ahead_groups=100, progress_poll_s=0.01)
+
+    async def scenario():
+        runner = asyncio.create_task(manager.run())
+        while manager.committed_groups < 6:
+            await asyncio.sleep(0.01)
+        manager.stop()
+        await runner
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert manager.failed_groups >= 3 and manager.metrics()["fleet/groups_failed"] == manager.failed_groups
+    err = capfd.readouterr().err
+    assert err.count("rollout: a group failed") == 1, err   # once per 10 s, not once per group
+    assert "RuntimeError: cannot set up the sandbox" in err
+    assert "exception was never retrieved" not in err

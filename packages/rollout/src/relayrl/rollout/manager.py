@@ -116,6 +116,9 @@ class RolloutManager:
         self._consumed_at_start: int | None = None  # see _ahead
         self.graded_groups = 0
         self.skipped_groups = 0
+        self.failed_groups = 0
+        """Groups lost to an error (an engine, a tool, the grader): each is replaced by another."""
+        self._failure_reported_at = -float("inf")
         self.reward_sum = 0.0
         self.reward_count = 0
         self.generated_tokens = 0
@@ -235,7 +238,7 @@ class RolloutManager:
                 task = self.scheduler.next().task
                 job = asyncio.create_task(self.run_group(task))
                 self._tasks.add(job)
-                job.add_done_callback(lambda done: (self._tasks.discard(done), slots.release()))
+                job.add_done_callback(lambda done: (self._tasks.discard(done), slots.release(), self._group_ended(done)))
                 started += 1
             if self._tasks:
                 await asyncio.gather(*self._tasks, return_exceptions=self._stopping.is_set())
@@ -265,9 +268,7 @@ class RolloutManager:
                     done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     for job in done:
                         in_flight.discard(job)
-                        error = None if job.cancelled() else job.exception()  # cancelled: stop() was called
-                        if error is not None:  # the group is lost, as in the asynchronous mode; another replaces it
-                            print(f"rollout: a group failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+                        self._group_ended(job)
                     if self.committed_groups - committed_before >= missing:
                         break
                 await self._flush_open_segment()  # the whole batch, visible to the trainer at once
@@ -277,6 +278,19 @@ class RolloutManager:
             await asyncio.gather(*in_flight, return_exceptions=True)
             in_flight.clear()
             await asyncio.get_running_loop().run_in_executor(None, self.writer.flush)
+
+    def _group_ended(self, job: asyncio.Task[Any]) -> None:
+        """A group's task is done. One that failed is lost (another task replaces it): count it and say
+        why on stderr, at most every 10 s (a broken grader fails every group)."""
+        if job.cancelled() or job.exception() is None:   # cancelled: stop() was called
+            return
+        error = job.exception()
+        self.failed_groups += 1
+        now = time.monotonic()
+        if now - self._failure_reported_at >= 10.0:
+            self._failure_reported_at = now
+            print(f"rollout: a group failed ({self.failed_groups} so far; each is replaced by another): "
+                  f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
 
     async def _wait_for_the_trainer(self) -> int:
         """Wait until the engines serve the trainer's newest weights and the trainer lacks groups for its
@@ -300,7 +314,7 @@ class RolloutManager:
     def metrics(self) -> dict[str, float]:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return {"fleet/groups": float(self.committed_groups), "fleet/groups_graded": float(self.graded_groups),
-                "fleet/zero_variance_skipped": float(self.skipped_groups),
+                "fleet/zero_variance_skipped": float(self.skipped_groups), "fleet/groups_failed": float(self.failed_groups),
                 "fleet/tokens_per_s": self.generated_tokens / elapsed, **self.scheduler.metrics()}
 
     def fleet_counters(self) -> FleetCounters:

@@ -106,6 +106,10 @@ def _make_read_only(keep_writable: list[str]) -> list[str]:
                 # Another sandbox's workspace, unmounted and removed on the host after this namespace
                 # copied the host's mounts: its copy here is detached, no path reaches it.
                 continue
+            if point != "/" and not any(listed == point for listed, _ in mount_points()):
+                # The same race a moment earlier: the mount was detached after the listing, so its
+                # path is a plain directory now (EINVAL) and nothing is mounted there to make read-only.
+                continue
             raise
     return covered
 
