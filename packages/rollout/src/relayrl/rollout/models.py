@@ -112,6 +112,10 @@ def import_gguf(source: str | Path, target: str | Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
     model = AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name, dtype=torch.float32)
     model.hf_quantizer = None  # dequantised already; keeping it would make save_pretrained refuse or re-quantise
+    # Some transformers releases keep the GGUF record in the config as well, which vLLM then refuses
+    # ("Unknown quantization method: gguf"): the weights saved are plain floats.
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
     model.save_pretrained(partial)
     tokenizer.save_pretrained(partial)
     partial.rename(target)
