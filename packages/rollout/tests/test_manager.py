@@ -409,7 +409,9 @@ def test_a_group_whose_grading_fails_is_counted_and_reported_and_the_fleet_goes_
         await runner
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
-    assert manager.failed_groups >= 3 and manager.metrics()["fleet/groups_failed"] == manager.failed_groups
+    # Six groups graded took at least eight grading calls, the third and sixth of which failed; a fast
+    # fleet may get further before stop() lands, so only the lower bound is certain.
+    assert manager.failed_groups >= 2 and manager.metrics()["fleet/groups_failed"] == manager.failed_groups
     err = capfd.readouterr().err
     assert err.count("rollout: a group failed") == 1, err   # once per 10 s, not once per group
     assert "RuntimeError: cannot set up the sandbox" in err
