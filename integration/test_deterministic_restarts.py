@@ -11,7 +11,8 @@ each time, as the launcher would. Then every step's checkpoint (model, optimiser
 cursor, monitors) and every published weight version must be bitwise equal, no version may have been
 renumbered, and ``verify_run`` must find every group trained exactly once.
 
-Backends: torch (Muon + AdamW, float32), and DeepSpeed ZeRO-1 and ZeRO-2 with DeepSpeed's Muon and bf16.
+Backends: torch (Muon + AdamW, float32), and DeepSpeed ZeRO-1 and ZeRO-2 with DeepSpeed's Muon and bf16;
+and the mixture-of-experts quickstart (examples/moe.toml: bfloat16 engine, routing replay) on torch.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ FROZEN_RUN = ["--steps", "14", "--no-report", "--set", "run.deterministic=true",
 ZIP = b"PK\x03\x04"
 BACKENDS = {
     "torch": {},
+    "torch-moe-routing-replay": {},  # over the MoE run's rollouts (FROZEN_EXAMPLE)
     "deepspeed-zero1-muon-bf16": {"trainer": {"backend": "deepspeed"}, "model": {"dtype": "bfloat16"},
                                   "deepspeed": {"zero_stage": 1, "bf16": True, "muon": True}},
     "deepspeed-zero2-muon-bf16": {"trainer": {"backend": "deepspeed"}, "model": {"dtype": "bfloat16"},
@@ -57,13 +59,24 @@ BACKENDS = {
 }
 
 
+FROZEN_EXAMPLE = {"torch-moe-routing-replay": "moe.toml"}
+"""The example whose rollouts a case trains on (default: the quickstart)."""
+
+
 @pytest.fixture(scope="module")
-def frozen_rollouts(tmp_path_factory) -> Path:
-    run_dir = tmp_path_factory.mktemp("frozen") / "run"
-    run = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", str(ROOT / "examples/quickstart.toml"),
-                          "--run-dir", str(run_dir), *FROZEN_RUN], capture_output=True, text=True, timeout=900)
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    return run_dir
+def frozen_runs(tmp_path_factory):
+    """The frozen run of an example, made once per module on first use."""
+    made: dict[str, Path] = {}
+
+    def frozen(example: str) -> Path:
+        if example not in made:
+            run_dir = tmp_path_factory.mktemp("frozen") / "run"
+            run = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", str(ROOT / "examples" / example),
+                                  "--run-dir", str(run_dir), *FROZEN_RUN], capture_output=True, text=True, timeout=900)
+            assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+            made[example] = run_dir
+        return made[example]
+    return frozen
 
 
 def replay_dir(frozen: Path, target: Path, overrides: dict[str, dict[str, Any]]) -> Path:
@@ -186,10 +199,11 @@ def published(run_dir: Path) -> dict[int, list[tuple[str, str, tuple[int, ...], 
 
 
 @pytest.mark.parametrize("backend", list(BACKENDS))
-def test_a_sigkilled_deterministic_trainer_ends_bitwise_equal_to_an_uninterrupted_one(frozen_rollouts, tmp_path,
+def test_a_sigkilled_deterministic_trainer_ends_bitwise_equal_to_an_uninterrupted_one(frozen_runs, tmp_path,
                                                                                         backend):
     if backend.startswith("deepspeed"):
         pytest.importorskip("relayrl_deepspeed", reason="needs the relayrl-deepspeed plugin (and DeepSpeed)")
+    frozen_rollouts = frozen_runs(FROZEN_EXAMPLE.get(backend, "quickstart.toml"))
     clean = replay_dir(frozen_rollouts, tmp_path / "clean", BACKENDS[backend])
     killed = replay_dir(frozen_rollouts, tmp_path / "killed", BACKENDS[backend])
     finish(trainer(clean))
@@ -213,3 +227,5 @@ def test_a_sigkilled_deterministic_trainer_ends_bitwise_equal_to_an_uninterrupte
     assert last_step(killed) == STEPS
     # Some batches carried real advantages (not only the entropy bonus's gradient).
     assert any(record["metrics"]["advantage/abs_max"] > 0 for record in read_metrics(clean))
+    if backend in FROZEN_EXAMPLE:  # the MoE run: every step replayed the engine's routing
+        assert all(record["metrics"]["routing/replayed"] == 1.0 for record in read_metrics(clean))

@@ -390,3 +390,33 @@ def test_every_example_config_validates(example, tmp_path):
         overrides = [f"model.path='{save_tiny_model(tmp_path / 'model')}'"]
     config = load_config(ROOT / "examples" / example, overrides=overrides)
     assert config.model.configured and config.trainer.steps > 0
+
+
+def test_the_moe_example_samples_in_bfloat16_records_its_routing_and_the_trainer_replays_it(tmp_path):
+    from relayrl.core.store import open_store
+    from relayrl.weight_sync import WeightBus
+
+    run_dir = tmp_path / "run"
+    run = relayrl("run", str(ROOT / "examples" / "moe.toml"), "--run-dir", str(run_dir), "--steps", "4",
+                  "--no-report", *SHORT)
+    output, _ = run.communicate(timeout=900)
+    assert run.returncode == 0, output[-3000:]
+    records = read_metrics(run_dir)
+    assert len(records) == 4
+    for record in records:
+        metrics = record["metrics"]
+        # Every trained token's routing came from the engine and was forced; the bf16 engine's choice
+        # and the fp32 trainer's own mostly agree.
+        assert metrics["routing/replayed"] == 1.0 and 0.0 <= metrics["routing/set_differs"] < 0.5, metrics
+        assert "routing/dropped_spans" not in metrics
+    # The trainer trains in float32 and publishes bfloat16, which the engine applied.
+    bus = WeightBus(open_store(str(run_dir)))
+    newest = bus.committed_versions()[-1]
+    assert {entry.dtype for entry in bus.read_manifest(newest).tensors} == {"bfloat16"}
+    assert max(record["metrics"].get("weight_sync/version", 0) for record in records) >= 2
+    checkpoint = sorted((run_dir / "checkpoints").glob("step-*"))[-1] / "rank-00000.pt"
+    import torch
+
+    state = torch.load(checkpoint, weights_only=False, map_location="cpu")
+    floats = [value for value in state["trainer"]["model"].values() if value.is_floating_point()]
+    assert floats and {value.dtype for value in floats} == {torch.float32}

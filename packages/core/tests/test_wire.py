@@ -183,3 +183,51 @@ def test_run_length_round_trip():
     assert run_length_encode([5, 5, 5, 6]) == [(5, 3), (6, 1)]
     assert run_length_decode([(5, 3), (6, 1)]) == [5, 5, 5, 6]
     assert run_length_encode([]) == []
+
+
+# ------------------------------------------------------------------------------ expert routing
+def routing(start: int, positions: int, *, layers: int = 3, top_k: int = 2, first_generated: int = 10,
+            width: int = 1) -> wire.ExpertRouting:
+    ids = bytes((start + i) % 251 for i in range(positions * layers * top_k * width))
+    return wire.ExpertRouting(start=start, first_generated=first_generated, layers=layers, top_k=top_k, width=width,
+                              experts=ids)
+
+
+def test_a_span_with_routing_round_trips_through_a_compressed_segment():
+    span = wire.GeneratedSpan.build([5, 6, 7], [-0.1, -0.2, -0.3], 4, routing=routing(0, 12))
+    turn = wire.Turn(role="assistant", generated=span)
+    trajectory = wire.Trajectory(trajectory_id="t", task_id="k", group_id="g", sample_index=0,
+                                 segments=[wire.TrajectorySegment(turns=[turn])])
+    segment = wire.RolloutSegment(producer_id="p", sequence=0, groups=[wire.Group(group_id="g", task_id="k",
+                                                                                    trajectories=[trajectory])])
+    decoded = codec.decode_compressed(codec.encode_compressed(segment), wire.RolloutSegment)
+    record = decoded.groups[0].trajectories[0].segments[0].turns[0].generated.routing
+    assert record == span.routing and len(record) == 12 and record.end == 12
+
+
+def test_routing_parts_concatenate_only_when_they_tile_one_run_of_positions():
+    whole = wire.ExpertRouting.concat([routing(0, 4), routing(4, 1), routing(5, 2)])
+    assert (whole.start, len(whole)) == (0, 7)
+    assert whole.experts == routing(0, 4).experts + routing(4, 1).experts + routing(5, 2).experts
+    assert wire.ExpertRouting.concat([]) is None
+    assert wire.ExpertRouting.concat([routing(0, 4), routing(5, 2)]) is None  # a gap
+    assert wire.ExpertRouting.concat([routing(0, 4), routing(4, 2, layers=2)]) is None  # another layout
+    assert wire.ExpertRouting.concat([routing(0, 4), routing(4, 2, first_generated=11)]) is None  # another prompt
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"experts": b"\0" * 7}, "whole positions"),
+    ({"width": 3}, "1 or 2 bytes"),
+    ({"layers": 0}, "bad routing record"),
+    ({"format": 2}, "newer than this code reads"),
+])
+def test_malformed_routing_records_are_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        wire.ExpertRouting(**{"start": 0, "first_generated": 1, "layers": 3, "top_k": 2, **fields})
+
+
+def test_routing_past_the_spans_last_token_is_refused():
+    # A span of 3 tokens after a 10-token prompt: positions 0..12 exist.
+    wire.GeneratedSpan.build([5, 6, 7], [0.0] * 3, 0, routing=routing(0, 13))
+    with pytest.raises(ValueError, match="past the span's last token"):
+        wire.GeneratedSpan.build([5, 6, 7], [0.0] * 3, 0, routing=routing(0, 14))

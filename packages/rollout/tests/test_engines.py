@@ -12,7 +12,7 @@ import torch
 from relayrl.rollout.engines.http import HttpEngine
 from relayrl.rollout.engines.torch_engine import TorchEngine
 from relayrl.rollout.protocol import GenerateRequest, SamplingParams
-from relayrl.rollout.testing import EngineTests, tiny_llama
+from relayrl.rollout.testing import EngineTests, MoEEngineTests, tiny_llama, tiny_moe
 
 
 class TestTorchEngine(EngineTests):
@@ -23,6 +23,20 @@ class TestTorchEngine(EngineTests):
     @pytest.fixture
     def engine(self, reference_model):
         engine = TorchEngine(tiny_llama(seed=0), engine_id="torch-test", version=3)
+        yield engine
+        asyncio.run(engine.close())
+
+
+class TestTorchEngineMoE(MoEEngineTests):
+    """The torch engine on a Qwen3 mixture of experts: the whole suite, and routing capture."""
+
+    @pytest.fixture
+    def reference_model(self):
+        return tiny_moe(seed=0)
+
+    @pytest.fixture
+    def engine(self, reference_model):
+        engine = TorchEngine(tiny_moe(seed=0), engine_id="torch-moe-test", version=3)
         yield engine
         asyncio.run(engine.close())
 

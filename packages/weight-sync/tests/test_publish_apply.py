@@ -476,6 +476,36 @@ def test_torch_module_round_trip():
     publisher.close()
 
 
+def test_a_float32_trainer_publishes_bfloat16_that_a_bfloat16_engine_applies_bit_exactly():
+    """Low-precision rollouts: the engine's representation is what crosses the bus, deltas included."""
+    torch = pytest.importorskip("torch", reason="torch is optional; this test covers nn.Module engines")
+    import tempfile
+
+    store = open_store(tempfile.mkdtemp())
+    torch.manual_seed(0)
+    trainer = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128))
+    served = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.LayerNorm(128)).to(torch.bfloat16)
+    publisher = Publisher(store, keep_versions=0, publish_dtype="bfloat16", snapshot_every_versions=10)
+    controller = Controller(store, StateDictAdapter(served))
+    optimizer = torch.optim.Adam(trainer.parameters(), lr=1e-3)
+    for step in range(3):
+        trainer(torch.randn(8, 64)).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        publisher.publish(trainer.state_dict(), step=step).result()
+        controller.poll_once()
+        assert controller.engine.served_version == step + 1
+        for (name, master), actual in zip(trainer.state_dict().items(), served.state_dict().values()):
+            assert master.dtype == torch.float32  # the trainer keeps its own precision
+            assert torch.equal(master.to(torch.bfloat16).view(torch.int16), actual.view(torch.int16)), name
+    manifests = [WeightBus(store).read_manifest(version) for version in (1, 2, 3)]
+    assert [manifest.kind for manifest in manifests] == ["full", "delta", "delta"]
+    assert {entry.dtype for manifest in manifests for entry in manifest.tensors} == {"bfloat16"}
+    publisher.close()
+    with pytest.raises(WeightSyncError, match="publish_dtype 'int8'"):
+        Publisher(store, publish_dtype="int8")
+
+
 def test_config_section_is_registered_and_configures_both_sides(store, isolated_plugins):
     config = load_config({"weight_sync": {"snapshot_every_versions": 3, "delta_codec": "xor-sparse-zstd",
                                           "apply_mode": "xor"}})

@@ -147,11 +147,14 @@ class DeepSpeedTrainer:
             real = index < len(mine)
             rows, micro = mine[index] if real else parts[0]
             self.engine.set_gradient_accumulation_boundary(index == passes - 1)
-            logits = self.engine(input_ids=micro.input_ids.to(self.engine.device),
-                                 attention_mask=micro.attention_mask.to(self.engine.device)).logits
-            loss = self.objective.micro_loss(logits.float(), micro, prepared.sequence_advantages[rows],
-                                             prepared.staleness[rows], prepared.denominator, sums if real else Counter())
-            self.engine.backward(loss * (self.world if real else 0.0), scale_wrt_gas=False)
+            micro_sums = sums if real else Counter()
+            # Routing replay (mixture of experts) hooks the routers of the module DeepSpeed wraps.
+            with self.objective.routing(self.engine.module, micro, micro_sums):
+                logits = self.engine(input_ids=micro.input_ids.to(self.engine.device),
+                                     attention_mask=micro.attention_mask.to(self.engine.device)).logits
+                loss = self.objective.micro_loss(logits.float(), micro, prepared.sequence_advantages[rows],
+                                                 prepared.staleness[rows], prepared.denominator, micro_sums)
+                self.engine.backward(loss * (self.world if real else 0.0), scale_wrt_gas=False)
         return self.objective.metrics(prepared.batch, prepared.advantage_metrics, prepared.staleness,
                                       all_reduce_metric_sums(sums))
 

@@ -95,6 +95,10 @@ class AlgoSection(Section, kw_only=True):
     sampling: SamplingSection = SamplingSection()
     optimizer: OptimizerSection = OptimizerSection()
     monitors: MonitorsSection = MonitorsSection()
+    routing_replay: bool = False
+    """Mixture-of-experts policies: the engines record which experts each token was routed to, and the
+    trainer recomputes logprobs with that routing forced (gates recomputed over the recorded experts).
+    Off, the routing is still recorded and its agreement with the trainer's reported (``routing/*``)."""
 
     def check(self, pm: Any, path: str) -> None:
         self.sampling.check(pm, f"{path}.sampling")

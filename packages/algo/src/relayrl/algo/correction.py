@@ -64,17 +64,18 @@ def _log_ratio(inputs: MismatchInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def mismatch_metrics(inputs: MismatchInputs) -> dict[str, float]:
-    """Mismatch KL (k1, k3) and ratio statistics over the counted tokens."""
+    """Mismatch KL (k1, k3), mean |logprob difference| and ratio statistics over the counted tokens."""
     log_rho, mask = _log_ratio(inputs)
     count = mask.sum()
     if count == 0:
-        return {"mismatch/kl_k1": 0.0, "mismatch/kl_k3": 0.0, "mismatch/ratio_mean": 1.0,
+        return {"mismatch/kl_k1": 0.0, "mismatch/kl_k3": 0.0, "mismatch/abs_log_ratio": 0.0, "mismatch/ratio_mean": 1.0,
                 "mismatch/ratio_min": 1.0, "mismatch/ratio_max": 1.0}
     rho = log_rho.exp()
     selected = mask > 0
     metrics = {
         "mismatch/kl_k1": float((-log_rho * mask).sum() / count),
         "mismatch/kl_k3": float(((rho - 1.0 - log_rho) * mask).sum() / count),
+        "mismatch/abs_log_ratio": float((log_rho.abs() * mask).sum() / count),
         "mismatch/ratio_mean": float((rho * mask).sum() / count),
         "mismatch/ratio_min": float(rho[selected].min()),
         "mismatch/ratio_max": float(rho[selected].max()),

@@ -36,7 +36,10 @@ __all__ = [
     "partition_parameters",
 ]
 
-DEFAULT_ADAMW_PATTERNS = (r"embed", r"lm_head", r"(^|\.)wte\.", r"(^|\.)wpe\.", r"norm", r"(^|\.)ln_", r"\.bias$")
+DEFAULT_ADAMW_PATTERNS = (r"embed", r"lm_head", r"(^|\.)wte\.", r"(^|\.)wpe\.", r"norm", r"(^|\.)ln_", r"\.bias$",
+                          r"(^|\.)(gate|router)\.weight$")
+"""AdamW for embeddings, heads, norms, biases and mixture-of-experts routers (a router's few rows are
+scores over experts, not a hidden transform to orthogonalise); experts' 3-D tensors go to AdamW by shape."""
 
 
 def muon_available() -> bool:

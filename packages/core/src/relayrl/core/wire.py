@@ -15,11 +15,13 @@ The records a generated token carries (design invariant 2): its id, its logprob 
 distribution actually sampled from (after temperature, top-k and top-p truncation and
 renormalisation), the policy version that produced it, and its *kept-set*: the token ids the
 sampler kept, in CSR form. An empty kept-set row means "not truncated" (the full vocabulary); a
-kept-set of size one means the token was forced and contributes no gradient.
+kept-set of size one means the token was forced and contributes no gradient. A mixture-of-experts
+policy's span may also carry its :class:`ExpertRouting`.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -42,6 +44,66 @@ class Versioned(Wire, kw_only=True):
 
 
 # ------------------------------------------------------------------------------ generated tokens
+class ExpertRouting(Wire, kw_only=True):
+    """The experts each MoE layer routed a run of consecutive token positions to (routing replay, R3).
+
+    Positions count from the first token of the request's prompt, which is also the first token of
+    the trajectory segment the request continues: position ``first_generated`` holds the span's
+    first generated token. A record covers positions ``[start, start + len(self))``; normally the
+    prompt positions not recorded by an earlier span of the segment, then every generated token
+    but the last (which the engine never feeds back, and which predicts nothing trained).
+
+    ``experts`` packs ``[positions, layers, top_k]`` expert ids row-major, in the order the router
+    ranked them (the gates' order), as uint8 when the model has at most 256 experts (``width`` 1)
+    or little-endian uint16 (``width`` 2). A rollout segment is zstd-compressed as a whole, so no
+    further compression here. ``format`` versions this layout.
+    """
+
+    format: int = 1
+    start: int
+    first_generated: int
+    layers: int
+    top_k: int
+    width: int = 1
+    experts: bytes = b""
+
+    def __post_init__(self) -> None:
+        if self.format != 1:
+            raise ValueError(f"expert routing format {self.format} is newer than this code reads (1)")
+        if self.width not in (1, 2):
+            raise ValueError(f"expert ids must be 1 or 2 bytes wide, got {self.width}")
+        if self.layers < 1 or self.top_k < 1 or self.start < 0:
+            raise ValueError(f"bad routing record: layers={self.layers}, top_k={self.top_k}, start={self.start}")
+        if len(self.experts) % (self.layers * self.top_k * self.width):
+            raise ValueError(f"{len(self.experts)} bytes of expert ids are not whole positions of "
+                             f"{self.layers} layers x top-{self.top_k} x {self.width} bytes")
+
+    def __len__(self) -> int:
+        """The number of positions covered."""
+        return len(self.experts) // (self.layers * self.top_k * self.width)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self)
+
+    @staticmethod
+    def concat(parts: Sequence[ExpertRouting]) -> ExpertRouting | None:
+        """One record of consecutive ``parts`` (same layout); None when there are none or when they do
+        not tile one run of positions (a gap left by a failed request: better no record than a wrong one)."""
+        parts = [part for part in parts if len(part)]
+        if not parts:
+            return None
+        first = parts[0]
+        layout = (first.layers, first.top_k, first.width, first.first_generated)
+        for before, after in itertools.pairwise(parts):
+            if after.start != before.end or (after.layers, after.top_k, after.width, after.first_generated) != layout:
+                return None
+        if len(parts) == 1:
+            return first
+        return ExpertRouting(start=first.start, first_generated=first.first_generated, layers=first.layers,
+                             top_k=first.top_k, width=first.width, experts=b"".join(part.experts for part in parts))
+
+
 class GeneratedSpan(Wire, kw_only=True):
     """A run of tokens the policy generated in one model call, with everything replay needs.
 
@@ -63,6 +125,9 @@ class GeneratedSpan(Wire, kw_only=True):
     """The engine that generated most of the span (a proxy resume may switch engines mid-span)."""
     finish_reason: str = ""
     """``stop``, ``length``, ``tool_call``, ``abort`` ... as reported by the engine."""
+    routing: ExpertRouting | None = None
+    """For a mixture-of-experts policy whose engine records it: the experts the engine routed this
+    span's positions to, which the trainer forces when ``[algo] routing_replay`` is on."""
 
     def __post_init__(self) -> None:
         # O(1) checks on every decode; :meth:`check` does the O(n) ones.
@@ -81,6 +146,9 @@ class GeneratedSpan(Wire, kw_only=True):
                 raise ValueError(f"last kept offset {last} != number of kept ids {len(self.kept_ids) // 4}")
         elif self.kept_ids:
             raise ValueError("kept ids without kept offsets")
+        if self.routing is not None and self.routing.end > self.routing.first_generated + n:
+            raise ValueError(f"routing covers positions up to {self.routing.end}, past the span's last token "
+                             f"at {self.routing.first_generated + n - 1}")
 
     @classmethod
     def build(cls, tokens: Sequence[int], logprobs: Sequence[float], versions: int | Sequence[int], *,

@@ -114,6 +114,8 @@ class _State:
     generation_s: float = 0.0
     tool_s: float = 0.0
     engine_ids: list[str] = dataclasses.field(default_factory=list)
+    routed: int = 0
+    """Positions of the current segment whose expert routing an earlier turn's span recorded."""
 
     def add(self, turn: Turn) -> None:
         self.turns.append(turn)
@@ -128,6 +130,8 @@ async def generate_turn(state: _State, proxy: TokenRecordingProxy, chat: ChatFor
     prefix = chat.assistant_prefix()
     params = msgspec.structs.replace(sampling, max_tokens=max_tokens,
                                      stop_token_ids=sorted({*sampling.stop_token_ids, *chat.stop_token_ids()}))
+    if sampling.routing_from is not None:  # an MoE policy: routing of the positions not recorded yet
+        params = msgspec.structs.replace(params, routing_from=state.routed)
     started = time.monotonic()
     result = await proxy.generate(GenerateRequest(request_id=request_id, prompt=state.context + prefix,
                                                   params=params))
@@ -135,6 +139,8 @@ async def generate_turn(state: _State, proxy: TokenRecordingProxy, chat: ChatFor
     state.generated_tokens += len(result.span)
     state.assistant_turns += 1
     state.engine_ids += [engine for engine in result.engine_ids if engine not in state.engine_ids]
+    if result.span.routing is not None:
+        state.routed = result.span.routing.end
     tokens = list(result.span.token_ids())
     if tokens and tokens[-1] in params.stop_token_ids:
         tokens = tokens[:-1]  # the end-of-turn token is part of the span, not of the text
@@ -198,6 +204,7 @@ class CodingAgent:
                 summary, reason = summary_turn.text.strip(), "compaction"
                 compactions += 1
                 state.turns, state.context = self._start_segment(chat, task, summary)
+                state.routed = 0
                 continue
             turn = await generate_turn(state, proxy, chat, sampling, max_tokens,
                                         f"{trajectory_id}/turn-{state.assistant_turns}")

@@ -18,7 +18,11 @@ class ModelSection(Section, kw_only=True):
     path: str = ""
     """A local Hugging Face model directory (config + safetensors [+ tokenizer]); empty builds a fresh one."""
     init: dict[str, Any] = {}
-    """``transformers.LlamaConfig`` options of a freshly built model (``vocab_size`` comes from the tokenizer)."""
+    """Config options of a freshly built model (``vocab_size`` comes from the tokenizer): ``transformers``'
+    ``LlamaConfig``'s, or ``Qwen3MoeConfig``'s for ``architecture = "qwen3-moe"``."""
+    architecture: Literal["llama", "qwen3-moe"] = "llama"
+    """A fresh model's architecture: dense Llama, or Qwen3-MoE (a mixture of experts: ``num_experts``,
+    ``num_experts_per_tok``, ``moe_intermediate_size`` in ``init``)."""
     tokenizer: Literal["auto", "char"] = "auto"
     """``auto``: the model directory's tokenizer; ``char``: a character tokenizer over the environment's alphabet."""
     chat_format: Literal["auto", "raw", "plain", "template"] = "auto"
@@ -53,6 +57,10 @@ class RolloutSection(Section, kw_only=True):
     """Engine backend of the engine processes (``relayrl_rollout_engines``): ``torch``, ``vllm`` (plugin)."""
     engine_options: dict[str, Any] = {}
     """More keyword arguments of the engine backend (e.g. vLLM's ``kept_sets``, ``engine_args``)."""
+    engine_dtype: Literal["", "float32", "bfloat16", "float16"] = ""
+    """Low-precision rollouts: the engines sample in this dtype while the trainer trains in
+    ``[model] dtype``; the trainer then publishes its weights converted to it, so weight sync stays
+    bit-exact for the engines' representation. Empty: ``[model] dtype``."""
     engines: int = 1
     """Engines to start (engine server processes, or engines inside the rollout process)."""
     engines_in_process: bool = False
@@ -101,6 +109,10 @@ class RolloutSection(Section, kw_only=True):
                        kind="environment", path=f"{path}.environment")
         resolve_plugin(pm, "relayrl_rollout_harnesses", self.harness, self.harness_options, kind="harness",
                        path=f"{path}.harness")
+
+    def serving_dtype(self, model: ModelSection) -> str:
+        """The dtype engines serve, and the trainer publishes in: ``engine_dtype``, else ``model.dtype``."""
+        return self.engine_dtype or model.dtype
 
 
 class EvalSection(Section, kw_only=True):

@@ -1,9 +1,9 @@
 """The run's model directory: built or imported once, then loaded the same way by every process.
 
 ``relayrl run`` materialises ``[model]`` into ``<run_dir>/model`` before anything starts: either a
-fresh Llama-style model (``init``, seeded, with a character tokenizer over the environment's
-alphabet written as ``relayrl_tokenizer.json``) or a reference to an existing Hugging Face directory
-(``path``). Engines load it with ``from_pretrained``; the trainer loads the same bits; weight
+fresh model (``architecture``: dense Llama or a Qwen3 mixture of experts; ``init``; seeded) with a
+character tokenizer over the environment's alphabet written as ``relayrl_tokenizer.json``, or a
+reference to an existing Hugging Face directory (``path``). Engines load it with ``from_pretrained``; the trainer loads the same bits; weight
 updates then come through relayrl-weight-sync.
 """
 
@@ -42,24 +42,44 @@ def materialize_model(section: ModelSection, target: str | Path, *, alphabet: st
     if (target / "config.json").exists():
         return target
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     if alphabet is None:
         raise ValueError("model.tokenizer = \"char\" needs an environment with an alphabet")
     specials = [*_BASE_SPECIALS, *(token for token in specials if token not in _BASE_SPECIALS)]
     tokenizer = CharTokenizer(alphabet, specials=specials)
-    options = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-               "intermediate_size": 512, "tie_word_embeddings": True, "max_position_embeddings": 256, **section.init}
-    config = LlamaConfig(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=1,
-                         eos_token_id=tokenizer.eos_token_id, **options)
+    config_class, model_class, defaults = _architecture(section.architecture)
+    config = config_class(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=1,
+                          eos_token_id=tokenizer.eos_token_id, **{**defaults, **section.init})
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
+        model = model_class(config)
     partial = target.with_name(target.name + ".partial")
     model.save_pretrained(partial)
     (partial / CHAR_TOKENIZER_FILE).write_text(json.dumps({"kind": "char", "alphabet": alphabet, "specials": specials}))
     partial.rename(target)  # all or nothing: a crash mid-write leaves no half model directory
     return target
+
+
+_COMMON_DEFAULTS = {"hidden_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                    "tie_word_embeddings": True, "max_position_embeddings": 256}
+
+
+def _architecture(name: str) -> tuple[Any, Any, dict[str, Any]]:
+    """(config class, model class, default options) of a fresh model's architecture."""
+    if name == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        return LlamaConfig, LlamaForCausalLM, {**_COMMON_DEFAULTS, "intermediate_size": 512}
+    if name == "qwen3-moe":
+        from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+        # Every layer sparse, 8 experts of which 2 per token, gates renormalised over those two. No
+        # router auxiliary loss in RL: its load-balancing term would pull the router away from what the
+        # policy gradient asks (docs/algorithms.md, "Mixture of experts").
+        return Qwen3MoeConfig, Qwen3MoeForCausalLM, {
+            **_COMMON_DEFAULTS, "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
+            "intermediate_size": 512, "norm_topk_prob": True, "decoder_sparse_step": 1, "output_router_logits": False}
+    raise ValueError(f"model.architecture: unknown architecture {name!r} (llama, qwen3-moe)")
 
 
 def load_tokenizer(model_dir: str | Path) -> Any:

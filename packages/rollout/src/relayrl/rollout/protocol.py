@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from relayrl.core.wire import GeneratedSpan
+from relayrl.core.wire import ExpertRouting, GeneratedSpan
 
 if TYPE_CHECKING:
     from relayrl.weight_sync import EngineAdapter
@@ -39,6 +39,11 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
     stop_token_ids: list[int] = []
     seed: int | None = None
     """Per-request seed: the same request on the same weights samples the same tokens."""
+    routing_from: int | None = None
+    """Mixture-of-experts policies: record the experts every layer routed each position to, from
+    this prompt position on (the prompt's earlier positions were recorded with an earlier request of
+    the same context), and for every generated token fed back. None: record nothing. An engine
+    whose model has no routers, or that cannot capture them, ignores it (no routing in its events)."""
 
 
 class GenerateRequest(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,6 +63,9 @@ class StreamEvent(msgspec.Struct, frozen=True, kw_only=True):
     engine_id: str = ""
     finish_reason: str | None = None
     """Set on the last event: ``stop`` (a stop token), ``length`` (max_tokens), ``abort``."""
+    routing: ExpertRouting | None = None
+    """The positions routed since the previous event (``SamplingParams.routing_from``): the prompt's
+    with the first token, then the token fed back at each step."""
 
 
 class EngineDied(RuntimeError):
@@ -109,12 +117,15 @@ def collect_span(events: Iterable[StreamEvent]) -> GeneratedSpan:
     versions: list[int] = []
     kept: list[list[int]] = []
     engine_ids: dict[str, int] = {}
+    routing: list[ExpertRouting] = []
     finish_reason = ""
     for event in events:
         tokens += event.tokens
         logprobs += event.logprobs
         versions += event.versions
         kept += event.kept
+        if event.routing is not None:
+            routing.append(event.routing)
         if event.tokens:
             engine_ids[event.engine_id] = engine_ids.get(event.engine_id, 0) + len(event.tokens)
         if event.finish_reason:
@@ -122,4 +133,4 @@ def collect_span(events: Iterable[StreamEvent]) -> GeneratedSpan:
     engine = max(engine_ids, key=engine_ids.__getitem__) if engine_ids else ""
     record_kept = any(kept)
     return GeneratedSpan.build(tokens, logprobs, versions, kept=kept if record_kept else None, engine_id=engine,
-                               finish_reason=finish_reason)
+                               finish_reason=finish_reason, routing=ExpertRouting.concat(routing))

@@ -127,6 +127,11 @@ class TokenRecordingProxy:
         for resumes in itertools.count():
             try:
                 async for event in self.engine.stream(current):
+                    if resumes and event.routing is not None:
+                        # Same positions (the resumed prompt starts where the first did), but the
+                        # span's first generated token is the original request's.
+                        event = msgspec.structs.replace(event, routing=msgspec.structs.replace(
+                            event.routing, first_generated=len(request.prompt)))
                     events.append(event)
                     generated += event.tokens
                     if event.tokens and (not engines or engines[-1] != event.engine_id):
@@ -146,7 +151,17 @@ class TokenRecordingProxy:
                 seed = request.params.seed
                 params = msgspec.structs.replace(
                     request.params, max_tokens=remaining,
-                    seed=None if seed is None else (seed * 1_000_003 + len(generated)) % 2**63)
+                    seed=None if seed is None else (seed * 1_000_003 + len(generated)) % 2**63,
+                    routing_from=_routing_resume_position(request, events))
                 current = GenerateRequest(request_id=f"{request.request_id}/resume-{resumes + 1}",
                                           prompt=[*request.prompt, *generated], params=params)
         raise AssertionError("unreachable")
+
+
+def _routing_resume_position(request: GenerateRequest, events: list[StreamEvent]) -> int | None:
+    """Where a resumed request's routing record must start: right after what the dead engine recorded
+    (the resumed prompt re-feeds the tokens generated so far, so the new engine routes them again)."""
+    if request.params.routing_from is None:
+        return None
+    recorded = [event.routing for event in events if event.routing is not None and len(event.routing)]
+    return recorded[-1].end if recorded else request.params.routing_from

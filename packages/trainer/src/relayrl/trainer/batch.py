@@ -16,10 +16,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import numpy
 import torch
 
 from relayrl.algo.sampling import KeptSets
-from relayrl.core.wire import Group, Trajectory
+from relayrl.core.wire import ExpertRouting, Group, Trajectory
 
 __all__ = ["SequenceBatch", "build_sequences", "split_by_token_budget"]
 
@@ -45,6 +46,13 @@ class SequenceBatch:
     trajectories: list[Trajectory]
     group_ids: torch.Tensor
     """``[T]``: group index of each trajectory (for advantage estimation)."""
+    routing: torch.Tensor | None = None
+    """``[S, L, layers, top_k]`` uint8 (int32 past 256 experts): the experts the engine routed each position to (mixture
+    of experts; None when no span recorded any)."""
+    routing_mask: torch.Tensor | None = None
+    """``[S, L]`` bool: the positions :attr:`routing` holds a record for."""
+    routing_dropped: int = 0
+    """Spans whose routing record did not line up with the sequence (their positions stay unrecorded)."""
 
     @property
     def num_targets(self) -> int:
@@ -74,12 +82,15 @@ class SequenceBatch:
             first, last = int(starts[row]), int(starts[row + 1])
             kept_parts.append(KeptSets(self.kept.offsets[first:last + 1], self.kept.ids))
         width = int(self.attention_mask[index].sum(dim=1).max()) if len(rows) else 0
+        routing = routing_mask = None
+        if self.routing is not None and self.routing_mask is not None:
+            routing, routing_mask = self.routing[index, :width], self.routing_mask[index, :width]
         return SequenceBatch(
             input_ids=self.input_ids[index, :width], attention_mask=self.attention_mask[index, :width],
             target_mask=self.target_mask[index, :width], behavior_logprobs=self.behavior_logprobs[index, :width],
             versions=self.versions[index, :width], kept=KeptSets.concat(kept_parts),
             sequence_trajectory=self.sequence_trajectory[index], trajectories=self.trajectories,
-            group_ids=self.group_ids)
+            group_ids=self.group_ids, routing=routing, routing_mask=routing_mask, routing_dropped=self.routing_dropped)
 
 
 def build_sequences(groups: Sequence[Group]) -> SequenceBatch:
@@ -87,6 +98,8 @@ def build_sequences(groups: Sequence[Group]) -> SequenceBatch:
     trajectories: list[Trajectory] = []
     group_index: list[int] = []
     rows: list[tuple[int, list[int], list[int], list[float], list[int], list[KeptSets]]] = []
+    routed: dict[int, list[ExpertRouting]] = {}  # row -> the routing records of its spans
+    dropped = 0
     for g, group in enumerate(groups):
         for trajectory in group.trajectories:
             t = len(trajectories)
@@ -104,6 +117,13 @@ def build_sequences(groups: Sequence[Group]) -> SequenceBatch:
                     if span is None or not len(span):
                         continue
                     start = len(tokens)
+                    if span.routing is not None:
+                        # The record counts positions from the request's prompt: it lines up with
+                        # this sequence only if that prompt was exactly the tokens laid out so far.
+                        if span.routing.first_generated == start:
+                            routed.setdefault(len(rows), []).append(span.routing)
+                        else:
+                            dropped += 1
                     tokens += list(span.token_ids())
                     targets += range(start, start + len(span))
                     logprobs += list(span.token_logprobs())
@@ -132,10 +152,37 @@ def build_sequences(groups: Sequence[Group]) -> SequenceBatch:
         behavior[row, index] = torch.tensor(logprobs, dtype=torch.float32)
         versions_t[row, index] = torch.tensor(versions, dtype=torch.int64)
         kept_parts += kept
+    routing, routing_mask = _routing_tensors(routed, count, width)
     return SequenceBatch(input_ids=input_ids, attention_mask=attention, target_mask=target_mask,
                          behavior_logprobs=behavior, versions=versions_t, kept=KeptSets.concat(kept_parts),
                          sequence_trajectory=torch.tensor([row[0] for row in rows], dtype=torch.int64),
-                         trajectories=trajectories, group_ids=torch.tensor(group_index, dtype=torch.int64))
+                         trajectories=trajectories, group_ids=torch.tensor(group_index, dtype=torch.int64),
+                         routing=routing, routing_mask=routing_mask, routing_dropped=dropped)
+
+
+def _routing_tensors(routed: dict[int, list[ExpertRouting]], count: int,
+                     width: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``[S, L, layers, top_k]`` expert ids and their ``[S, L]`` mask from each row's records."""
+    records = [record for row_records in routed.values() for record in row_records]
+    if not records:
+        return None, None
+    layout = {(record.layers, record.top_k, record.width) for record in records}
+    if len(layout) > 1:
+        raise ValueError(f"routing records of different layouts (layers, top-k, width) in one batch: {sorted(layout)}")
+    layers, top_k, item = layout.pop()
+    dtype = numpy.dtype("u1") if item == 1 else numpy.dtype("<u2")
+    routing = torch.zeros((count, width, layers, top_k), dtype=torch.uint8 if item == 1 else torch.int32)
+    mask = torch.zeros((count, width), dtype=torch.bool)
+    for row, row_records in routed.items():
+        for record in row_records:
+            end = min(record.end, width)
+            if end <= record.start:
+                continue
+            experts = numpy.frombuffer(record.experts, dtype=dtype).reshape(len(record), layers, top_k)
+            routing[row, record.start:end] = torch.from_numpy(experts[: end - record.start].astype(
+                numpy.uint8 if item == 1 else numpy.int32))
+            mask[row, record.start:end] = True
+    return routing, mask
 
 
 def split_by_token_budget(batch: SequenceBatch, max_tokens: int) -> list[tuple[torch.Tensor, SequenceBatch]]:

@@ -4,12 +4,15 @@ A backend owns the model, its forward/backward and the optimiser; :class:`BatchO
 happens between the logits and the scalar to differentiate: gathering the logits of target
 positions, replaying their logprobs over the recorded kept-sets, the mismatch correction against
 the behaviour logprobs, the configured loss with the batch's global denominator, an optional
-entropy bonus, and the per-step metrics.
+entropy bonus, the per-step metrics, and (mixture-of-experts models) routing replay around the
+backend's forward and backward (:meth:`BatchObjective.routing`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -20,6 +23,7 @@ from relayrl.algo.config import AlgoSection, build
 from relayrl.algo.correction import MismatchInputs
 from relayrl.algo.losses import LossInputs
 from relayrl.algo.monitors import behaviour_metrics
+from relayrl.algo.routing import RouterInfo, moe_routers, recorded_routing
 from relayrl.algo.sampling import full_entropy, replay_logprobs
 from relayrl.core.wire import Group
 from relayrl.trainer.batch import SequenceBatch, build_sequences
@@ -52,6 +56,9 @@ class BatchObjective:
         self.correction = build("relayrl_algo_mismatch_corrections", "mismatch correction", algo.correction,
                                 algo.correction_options, pm=pm, path="algo.correction")
         self.temperature = algo.sampling.temperature
+        self.routing_replay = algo.routing_replay
+        self._routers: tuple[int, list[RouterInfo]] | None = None
+        self._warned_no_routing = False
         self.entropy_coef = entropy_coef
         self.entropy_metric_tokens = entropy_metric_tokens
 
@@ -80,6 +87,24 @@ class BatchObjective:
         if aggregation == "constant":
             return float(self.loss.normalizer or batch.num_targets)
         return float(int((batch.target_mask.sum(dim=1) > 0).sum()))
+
+    def routing(self, model: torch.nn.Module, micro: SequenceBatch, sums: Counter[str]) -> contextlib.AbstractContextManager[None]:
+        """Wrap a micro-batch's forward *and* backward: with ``[algo] routing_replay`` a mixture-of-experts
+        model routes every recorded position as the engine did; either way the agreement between the
+        trainer's routers and the engine's record is summed into ``sums`` (``routing/*`` metrics).
+        A dense model, or a batch without routing records, runs as it is."""
+        if self._routers is None or self._routers[0] != id(model):
+            self._routers = (id(model), moe_routers(model))
+        routers = self._routers[1]
+        if not routers:
+            return contextlib.nullcontext()
+        if micro.routing is None or micro.routing_mask is None:
+            if self.routing_replay and not self._warned_no_routing:
+                self._warned_no_routing = True
+                print("trainer: routing replay is on, but the rollouts carry no routing record (an engine that "
+                      "cannot capture it?): the trainer routes these tokens with its own routers", file=sys.stderr)
+            return contextlib.nullcontext()
+        return recorded_routing(routers, micro.routing, micro.routing_mask, force=self.routing_replay, stats=sums)
 
     def micro_loss(self, logits: torch.Tensor, micro: SequenceBatch, advantages: torch.Tensor,
                    staleness: torch.Tensor, denominator: float, sums: Counter[str]) -> torch.Tensor:
@@ -154,6 +179,14 @@ class BatchObjective:
                 metrics[name] = value
         for lag, count in sorted(Counter(staleness.tolist()).items()):
             metrics[f"staleness/hist/{lag}"] = float(count)
+        if sums["routing/compared"]:
+            # Shares of recorded (position, layer) pairs where the trainer's own router disagrees with
+            # the engine's: its first choice, or its set of experts (replay then overrides it).
+            metrics["routing/top1_differs"] = sums["routing/top1_differs"] / sums["routing/compared"]
+            metrics["routing/set_differs"] = sums["routing/set_differs"] / sums["routing/compared"]
+            metrics["routing/replayed"] = float(self.routing_replay)
+        if batch.routing_dropped:
+            metrics["routing/dropped_spans"] = float(batch.routing_dropped)
         metrics["staleness/mean"] = float(staleness.float().mean())
         metrics["staleness/max"] = float(staleness.max())
         return metrics

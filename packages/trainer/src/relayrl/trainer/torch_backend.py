@@ -118,9 +118,10 @@ class TorchTrainer:
         sums: Counter[str] = Counter()
         rank, world = shard
         for rows, micro in split_by_token_budget(prepared.batch, self.config.micro_batch_tokens)[rank::world]:
-            logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
-            self.objective.micro_loss(logits, micro, prepared.sequence_advantages[rows], prepared.staleness[rows],
-                                      prepared.denominator, sums).backward()
+            with self.objective.routing(self.model, micro, sums):
+                logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+                self.objective.micro_loss(logits, micro, prepared.sequence_advantages[rows], prepared.staleness[rows],
+                                          prepared.denominator, sums).backward()
         if reduce_sums is not None:
             sums = reduce_sums(sums)
         return self.objective.metrics(prepared.batch, prepared.advantage_metrics, prepared.staleness, sums)

@@ -41,6 +41,23 @@ def dtype_name(value: Any) -> str:
     return np.dtype(value.dtype).name
 
 
+CASTABLE_DTYPES = ("float32", "bfloat16", "float16")
+"""What :func:`cast_floating` converts to: the engine representations weight sync publishes in."""
+
+
+def cast_floating(value: Any, dtype: str) -> Any:
+    """``value`` in floating dtype ``dtype`` (round to nearest even, the way every engine casts on
+    load); integer and boolean tensors, and tensors already in ``dtype``, are returned as they are."""
+    if dtype not in CASTABLE_DTYPES:
+        raise WeightSyncError(f"cannot publish in {dtype!r}: one of {', '.join(CASTABLE_DTYPES)}")
+    if dtype_name(value) == dtype or not dtype_name(value).startswith(("float", "bfloat")):
+        return value
+    import torch  # bfloat16 has no numpy dtype: casting goes through torch
+
+    tensor = value if is_torch_tensor(value) else torch.from_numpy(np.ascontiguousarray(value))
+    return tensor.detach().to(getattr(torch, dtype))
+
+
 def element_bytes(dtype: str) -> int:
     """Bytes per element of dtype name ``dtype``."""
     if dtype in _TORCH_DTYPE_NAMES:

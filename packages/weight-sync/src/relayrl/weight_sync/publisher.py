@@ -96,7 +96,8 @@ class Publisher:
                  zstd_level: int = 1, chunk_bytes: int = 4 * MIB, min_gain: float = 0.01, threads: int = 0,
                  object_bytes: int = 256 * MIB, upload_threads: int = 4, keep_versions: int = 4,
                  keep_every: int = 0, rank: int = 0, world_size: int = 1, first_version: int | None = None,
-                 bridge_deltas: bool = True, background: bool = True, pm: Any = None) -> None:
+                 bridge_deltas: bool = True, background: bool = True, publish_dtype: str | None = None,
+                 pm: Any = None) -> None:
         if publish_every_steps < 1 or snapshot_every_versions < 1:
             raise WeightSyncError("publish_every_steps and snapshot_every_versions must be at least 1")
         if not 0 <= rank < world_size:
@@ -114,6 +115,11 @@ class Publisher:
                                   f"{full_codec!r} a full one")
         self.object_bytes = object_bytes
         self.bridge_deltas = bridge_deltas
+        if publish_dtype is not None and publish_dtype not in tensor_bits.CASTABLE_DTYPES:
+            raise WeightSyncError(f"publish_dtype {publish_dtype!r}: one of {', '.join(tensor_bits.CASTABLE_DTYPES)}")
+        self.publish_dtype = publish_dtype
+        """Floating tensors are published in this dtype (the engines' representation: low-precision
+        rollouts), whatever the trainer's; None publishes them as they are."""
         self.keep_versions = keep_versions
         self.keep_every = keep_every
         self.rank, self.world_size = rank, world_size
@@ -276,6 +282,8 @@ class Publisher:
         meta = {}
         current: dict[str, np.ndarray] = {}
         for name, value in tensors.items():
+            if self.publish_dtype is not None:
+                value = tensor_bits.cast_floating(value, self.publish_dtype)
             dtype = tensor_bits.dtype_name(value)
             meta[name] = _TensorMeta(dtype, [int(size) for size in value.shape], tensor_bits.element_bytes(dtype))
             size = tensor_bits.nbytes(value)

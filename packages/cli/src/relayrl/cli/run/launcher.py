@@ -312,7 +312,8 @@ class Launcher:
                 "--weight-sync", msgspec.json.encode(self.config.weight_sync).decode(),
                 "--wait-for-weights", str(section.start_timeout_s),
                 "--engine", section.engine, "--engine-options", json.dumps(dict(section.engine_options)),
-                "--dtype", self.config.model.dtype,  # what the trainer publishes: weight sync is bit-exact
+                # What the trainer publishes (low-precision rollouts: engine_dtype): weight sync is bit-exact.
+                "--dtype", section.serving_dtype(self.config.model),
                 # Routers whose engines register themselves (Dynamo) get each engine registered.
                 "--router", section.router, "--router-options", json.dumps(dict(section.router_options)),
                 "--deployment", str(self.layout.root)]

@@ -67,8 +67,10 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         # Engine servers registered with a router that discovers engines (--router of each server).
         router = build_router(section, engines, deployment=str(layout.root), registered=True, pm=pm)
     sampling = config.algo.sampling
+    # routing_from=0: a mixture-of-experts engine records its routing (the trainer replays it with
+    # [algo] routing_replay, and reports its agreement either way); engines of dense models ignore it.
     params = SamplingParams(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                            max_kept=sampling.max_kept)
+                            max_kept=sampling.max_kept, routing_from=0)
     bus = layout.bus(config)
     training, held_out = split_tasks(environment)  # the scheduler never sees a held-out task
     proxy = TokenRecordingProxy(router)
@@ -169,8 +171,9 @@ async def in_process_engines(layout: RunLayout, config: Config, *, pm: Any = Non
     bus = layout.bus(config)
     engines = []
     for index in range(section.engines):
-        # dtype: what the trainer publishes (model.dtype); weight sync is bit-exact.
-        options = {"dtype": config.model.dtype, **section.engine_options}
+        # dtype: what the trainer publishes (model.dtype, or engine_dtype for low-precision rollouts);
+        # weight sync is bit-exact.
+        options = {"dtype": section.serving_dtype(config.model), **section.engine_options}
         engine = factory(str(layout.model_path(config)), engine_id=f"engine-{index}", version=0,
                          max_batch=section.max_batch, seed=config.run.seed + index, **options)
         controller, _, _ = start_controller(engine, bus, config.weight_sync)

@@ -245,7 +245,10 @@ class TrainerProcess:
         """The leader's training loop, over the backend just built (other ranks have none)."""
         if not self.ranks.leader:
             return
-        self.publisher = Publisher.from_config(self.bus, self.config.weight_sync)
+        # Low-precision rollouts: the engines' dtype is what gets published (the trainer keeps its own).
+        serving = self.config.rollout.serving_dtype(self.config.model)
+        self.publisher = Publisher.from_config(self.bus, self.config.weight_sync,
+                                               publish_dtype=serving if serving != self.config.model.dtype else None)
         self.loop = TrainingLoop(
             self.trainer, buffer=self.buffer, publisher=self.publisher, checkpointer=self.checkpointer,
             monitors=self.monitors, metrics=self.metrics, shapers=self.shapers,

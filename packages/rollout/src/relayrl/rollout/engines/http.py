@@ -270,8 +270,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", required=True, help="local model directory (config + safetensors)")
     parser.add_argument("--engine", default="torch", help="engine backend (relayrl_rollout_engines): torch, vllm, ...")
     parser.add_argument("--engine-options", default="{}", metavar="JSON", help="more keyword arguments of the engine")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
-                        help="dtype to serve (relayrl run: model.dtype, what the trainer publishes)")
+    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                        help="dtype to serve (relayrl run: what the trainer publishes, rollout.engine_dtype or model.dtype)")
     parser.add_argument("--router", default="", help="also register with this router, if its engines register "
                                                      "themselves (e.g. dynamo)")
     parser.add_argument("--router-options", default="{}", metavar="JSON", help="options of --router")

@@ -38,9 +38,12 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
+from relayrl.algo.routing import RoutingCapture, moe_routers
 from relayrl.algo.sampling import sample_tokens
+from relayrl.core.wire import ExpertRouting
 from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, StreamEvent
 from relayrl.weight_sync import StateDictAdapter
 
@@ -63,6 +66,10 @@ class _Pending:
     versions: list[int] = dataclasses.field(default_factory=list)
     kept: list[list[int]] = dataclasses.field(default_factory=list)
     """The tokens sampled and not yet handed to the consumer, with their logprobs, versions, kept-sets."""
+    routing: list[np.ndarray] = dataclasses.field(default_factory=list)
+    """Expert ids ``[positions, layers, top_k]`` routed since the last event (when the request asked)."""
+    routing_start: int = 0
+    """The position of the first row of :attr:`routing`."""
 
     def emit(self, item: StreamEvent | BaseException) -> None:
         if self.cancelled:
@@ -75,11 +82,34 @@ class _Pending:
     def take_event(self, engine_id: str, finish_reason: str | None) -> StreamEvent:
         """The tokens not yet handed over, as one event; marks it in flight."""
         event = StreamEvent(tokens=self.tokens, logprobs=self.logprobs, versions=self.versions, kept=self.kept,
-                            engine_id=engine_id, finish_reason=finish_reason)
+                            engine_id=engine_id, finish_reason=finish_reason, routing=self._take_routing())
         self.tokens, self.logprobs, self.versions, self.kept = [], [], [], []
         self.delivering = True
         self.sent_at = time.monotonic()
         return event
+
+    def record_routing(self, experts: np.ndarray, first_position: int) -> None:
+        """Keep the rows of ``experts`` (positions ``first_position`` on) that the request asked for."""
+        wanted_from = self.request.params.routing_from
+        if wanted_from is None:
+            return
+        skip = max(0, wanted_from - first_position)
+        if skip >= len(experts):
+            return
+        if not self.routing:
+            self.routing_start = first_position + skip
+        self.routing.append(experts[skip:])
+
+    def _take_routing(self) -> ExpertRouting | None:
+        if not self.routing:
+            return None
+        experts = np.concatenate(self.routing) if len(self.routing) > 1 else self.routing[0]
+        record = ExpertRouting(start=self.routing_start, first_generated=len(self.request.prompt),
+                               layers=experts.shape[1], top_k=experts.shape[2], width=experts.dtype.itemsize,
+                               experts=experts.tobytes())
+        self.routing_start += len(experts)
+        self.routing = []
+        return record
 
 
 def _deliver(items: list[tuple[_Pending, StreamEvent]]) -> None:
@@ -118,6 +148,10 @@ class TorchEngine(InferenceEngine):
             raise ValueError(f"stream_interval_s must be >= 0, got {stream_interval_s}")
         self.model = model.eval()
         self._cache_keyword = cache_keyword(model)
+        self._routers = moe_routers(model)
+        """The model's MoE routers (none for a dense model): requests with ``routing_from`` get their routing."""
+        # Expert ids on the wire: one byte each while they fit.
+        self._expert_dtype = np.dtype("<u2") if any(r.num_experts > 256 for r in self._routers) else np.dtype("u1")
         self.stream_interval_s = stream_interval_s
         """Hand a request's tokens over at most this often (and at its end); 0: every decode step."""
         self.engine_id = engine_id or f"torch-{next(self._ids)}"
@@ -196,11 +230,27 @@ class TorchEngine(InferenceEngine):
                 for pending in batch:
                     pending.emit(exc)
 
-    def _step(self, *args: Any, **kwargs: Any) -> Any:
-        """One model forward, between weight updates."""
+    def _step(self, *args: Any, capture: RoutingCapture | None = None, **kwargs: Any) -> Any:
+        """One model forward, between weight updates (recording its routing into ``capture``)."""
         self._resumed.wait()
         with self._step_lock:
-            return self.model(*args, **kwargs)
+            if capture is None:
+                return self.model(*args, **kwargs)
+            with capture:
+                return self.model(*args, **kwargs)
+
+    def _record_routing(self, batch: list[_Pending], capture: RoutingCapture, first_positions: list[int],
+                        width: int, finished: list[bool]) -> None:
+        """Hand each row's routed positions of the last forward (``width`` per row, the first at
+        ``first_positions[row]``; left padding has negative positions) to its request; rows that had
+        finished before it (fed padding) record nothing."""
+        experts = capture.take().to(torch.int32).numpy().astype(self._expert_dtype)
+        experts = experts.reshape(len(batch), width, *experts.shape[1:])
+        for row, pending in enumerate(batch):
+            if finished[row]:
+                continue
+            first = first_positions[row]
+            pending.record_routing(experts[row, max(0, -first):], max(0, first))
 
     def _generate_batch(self, batch: list[_Pending]) -> None:
         device = self._device
@@ -217,10 +267,18 @@ class TorchEngine(InferenceEngine):
         produced = [0] * len(batch)
         finished = [False] * len(batch)
         cache = None
+        capture = (RoutingCapture(self._routers) if self._routers
+                   and any(p.request.params.routing_from is not None for p in batch) else None)
+        # The sequence position of each row's first input of the next forward (the prefill's left
+        # padding sits at negative positions).
+        first_positions = [len(prompt) - width for prompt in prompts]
         while True:
             output = self._step(input_ids=input_ids, attention_mask=attention, position_ids=positions,
-                                use_cache=True, logits_to_keep=1, **{self._cache_keyword: cache})
+                                use_cache=True, logits_to_keep=1, capture=capture, **{self._cache_keyword: cache})
             cache = getattr(output, self._cache_keyword)
+            if capture is not None:
+                self._record_routing(batch, capture, first_positions, input_ids.shape[1], finished)
+                first_positions = [len(prompt) + count for prompt, count in zip(prompts, produced)]
             logits = output.logits[:, -1, :].float()
             self.steps += 1
             version = self._version

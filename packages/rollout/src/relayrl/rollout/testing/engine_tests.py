@@ -21,10 +21,13 @@ same weights and the recorded kept-set.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
+import numpy
 import pytest
 import torch
 
+from relayrl.algo.routing import RoutingCapture, moe_routers, recorded_routing
 from relayrl.algo.sampling import KeptSets, replay_logprobs
 from relayrl.core.wire import GeneratedSpan
 from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams
@@ -35,6 +38,8 @@ PROMPTS = [[1, 5, 9, 12], [1, 7], [1, 3, 3, 3, 8, 20, 4], [1, 30, 31]]
 
 
 def request(index: int, *, max_tokens: int = 12, seed: int | None = None, **params) -> GenerateRequest:
+    """A request for ``PROMPTS[index]``; it asks for the routing record (mixture-of-experts engines)."""
+    params.setdefault("routing_from", 0)
     return GenerateRequest(request_id=f"r{index}-{seed}", prompt=PROMPTS[index % len(PROMPTS)],
                            params=SamplingParams(max_tokens=max_tokens, seed=seed, **params))
 
@@ -44,16 +49,38 @@ def run(coroutine):
 
 
 def replayed(model: torch.nn.Module, prompt: list[int], span: GeneratedSpan, temperature: float = 1.0) -> torch.Tensor:
-    """The trainer's replayed logprobs of ``span`` after ``prompt`` under ``model``."""
+    """The trainer's replayed logprobs of ``span`` after ``prompt`` under ``model``; a mixture of
+    experts routes the positions the span's routing record covers as the engine did (routing replay)."""
     tokens = list(span.token_ids())
-    with torch.no_grad():
-        logits = model(input_ids=torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1:-1].float()
+    input_ids = torch.tensor([prompt + tokens])
+    with torch.no_grad(), replayed_routing(model, span, input_ids.shape[1]):
+        logits = model(input_ids=input_ids).logits[0, len(prompt) - 1:-1].float()
     offsets, ids = span.kept_csr()
     if span.has_kept_sets:
         kept = KeptSets(torch.tensor(list(offsets), dtype=torch.int64), torch.tensor(list(ids), dtype=torch.int64))
     else:
         kept = KeptSets(torch.zeros(len(tokens) + 1, dtype=torch.int64), torch.zeros(0, dtype=torch.int64))
     return replay_logprobs(logits, torch.tensor(tokens), kept, temperature=temperature)
+
+
+def routing_tensors(span: GeneratedSpan, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[1, length, layers, top_k]`` expert ids and ``[1, length]`` mask from the span's routing record."""
+    record = span.routing
+    assert record is not None
+    dtype = numpy.dtype("u1") if record.width == 1 else numpy.dtype("<u2")
+    experts = numpy.frombuffer(record.experts, dtype=dtype).reshape(len(record), record.layers, record.top_k)
+    routing = torch.zeros((1, length, record.layers, record.top_k), dtype=torch.int64)
+    mask = torch.zeros((1, length), dtype=torch.bool)
+    routing[0, record.start:record.end] = torch.from_numpy(experts.astype(numpy.int64))
+    mask[0, record.start:record.end] = True
+    return routing, mask
+
+
+def replayed_routing(model: torch.nn.Module, span: GeneratedSpan, length: int) -> contextlib.AbstractContextManager:
+    routers = moe_routers(model)
+    if not routers or span.routing is None:
+        return contextlib.nullcontext()
+    return recorded_routing(routers, *routing_tensors(span, length))
 
 
 def recorded(span: GeneratedSpan) -> torch.Tensor:
@@ -190,3 +217,61 @@ class EngineTests:
         versions = [version for event in events for version in event.versions]
         assert len(versions) == max_tokens and versions[0] == old_version and versions[-1] == old_version + 1
         assert versions == sorted(versions)  # one switch, never back
+
+
+class MoEEngineTests(EngineTests):
+    """The conformance suite on a mixture-of-experts model, plus routing capture (routing replay).
+
+    Every :class:`EngineTests` check runs with ``reference_model`` a mixture of experts (e.g.
+    :func:`~relayrl.rollout.testing.tiny_moe`); the trainer's replay then forces the routing the
+    engine recorded, so the logprob checks hold even where engine and trainer numerics would route a
+    near-tie differently. An engine that cannot record routing sets ``records_routing = False``: the
+    routing checks then skip, saying so, and replay falls back to the trainer's own routing.
+    """
+
+    records_routing = True
+    #: Share of (position, layer) pairs whose expert set may differ between the engine's record and the
+    #: reference model's own routing (near-ties under different kernels and batch layouts).
+    routing_disagreement = 0.02
+
+    def _require_routing(self) -> None:
+        if not self.records_routing:
+            pytest.skip(f"{type(self).__name__}: this engine records no expert routing")
+
+    def test_routing_covers_every_position_from_routing_from(self, engine, reference_model) -> None:
+        self._require_routing()
+        routers = moe_routers(reference_model)
+        for index, start in ((0, 0), (2, 3)):
+            span = run(engine.generate(request(index, seed=index, max_tokens=9, routing_from=start)))
+            record = span.routing
+            prompt = PROMPTS[index]
+            assert record is not None, "asked for routing, got none"
+            assert (record.start, record.first_generated) == (start, len(prompt))
+            assert record.end == len(prompt) + len(span) - 1  # the last token is never fed back
+            assert (record.layers, record.top_k) == (len(routers), routers[0].top_k)
+
+    def test_no_routing_unless_asked(self, engine) -> None:
+        self._require_routing()
+        assert run(engine.generate(request(1, seed=1, routing_from=None))).routing is None
+
+    def test_recorded_routing_is_the_reference_models_own(self, engine, reference_model) -> None:
+        self._require_routing()
+        routers = moe_routers(reference_model)
+        compared = differs = 0
+        spans = run(_gather(engine, [request(index, seed=index, max_tokens=16) for index in range(4)]))
+        for index, span in enumerate(spans):
+            input_ids = torch.tensor([PROMPTS[index] + list(span.token_ids())])
+            with torch.no_grad(), RoutingCapture(routers) as capture:
+                reference_model(input_ids=input_ids)
+            own = capture.take().reshape(input_ids.shape[1], len(routers), -1)
+            engine_routing, _ = routing_tensors(span, input_ids.shape[1])
+            record = span.routing
+            theirs = engine_routing[0, record.start:record.end]
+            mine = own[record.start:record.end]
+            compared += theirs.shape[0] * theirs.shape[1]
+            differs += int((theirs.sort(-1).values != mine.sort(-1).values).any(-1).sum())
+        assert differs <= self.routing_disagreement * compared, f"{differs} of {compared} routed differently"
+
+
+async def _gather(engine: InferenceEngine, requests: list[GenerateRequest]) -> list[GeneratedSpan]:
+    return list(await asyncio.gather(*(engine.generate(item) for item in requests)))

@@ -19,7 +19,8 @@ def generate_groups(model: torch.nn.Module, *, groups: int = 3, size: int = 4, t
     """``groups`` groups of ``size`` trajectories sampled by the real torch engine from ``model``.
 
     Group ``g`` has the prompt ``[1, 3 + g, 7 + g]``; rewards alternate 0, 1 unless ``rewards[g][i]``
-    says otherwise. Deterministic (a seed per sample).
+    says otherwise. Deterministic (a seed per sample). A mixture-of-experts model's spans carry their
+    routing records.
     """
     engine = TorchEngine(model, version=version)
 
@@ -29,7 +30,7 @@ def generate_groups(model: torch.nn.Module, *, groups: int = 3, size: int = 4, t
             prompt = [1, 3 + g, 7 + g]
             spans = await asyncio.gather(*(engine.generate(GenerateRequest(
                 request_id=f"{g}-{i}", prompt=prompt, params=SamplingParams(max_tokens=max_tokens, top_p=top_p,
-                                                                            seed=100 * g + i)))
+                                                                            seed=100 * g + i, routing_from=0)))
                 for i in range(size)))
             trajectories = [Trajectory(trajectory_id=f"{g}-{i}", task_id=f"task{g}", group_id=str(g), sample_index=i,
                                        reward=(rewards[g][i] if rewards else float(i % 2)),

@@ -14,7 +14,8 @@ in another precision or order)::
 
 Every check compares the backend with the reference, the built-in torch backend, on the same tiny
 model and the same groups sampled by the real torch engine (kept-sets included): the same loss and
-the same weights after a step, one version per step, a complete ``named_full_state()`` (every name
+the same weights after a step (on a dense model, and on a mixture of experts with routing
+replay), one version per step, a complete ``named_full_state()`` (every name
 of the model's state dict, tied ones included: it is what weight sync publishes), and a checkpoint
 that round-trips (a backend restored from ``state_dict()`` takes the next step exactly as the one
 that wrote it: restarts change nothing).
@@ -29,6 +30,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pytest
 import torch
 
@@ -45,6 +47,13 @@ def fixed_model() -> torch.nn.Module:
     from relayrl.rollout.testing.models import tiny_llama
 
     return tiny_llama(seed=0)
+
+
+def fixed_moe() -> torch.nn.Module:
+    """The suite's mixture of experts: relayrl-rollout's tiny random Qwen3-MoE, seed 0."""
+    from relayrl.rollout.testing.models import tiny_moe
+
+    return tiny_moe(seed=0)
 
 
 def fixed_groups(model: torch.nn.Module, seed: int = 0) -> list[Any]:
@@ -99,6 +108,25 @@ class TrainerBackendTests:
                                        msg=lambda detail, name=name: f"{name}: {detail}")
         differences = torch.cat([(mine[name] - theirs[name]).abs().flatten() for name in theirs])
         assert float(differences.mean()) <= self.mean_atol
+
+    def test_a_mixture_of_experts_step_with_routing_replay_matches_the_torch_backend(self, make_backend, algo,
+                                                                                      config) -> None:
+        model = fixed_moe()
+        # Sampled in bfloat16 (low-precision rollouts), so the recorded routing differs from the
+        # trainer's own somewhere and forcing it changes the step.
+        groups = fixed_groups(model.to(torch.bfloat16))
+        model = fixed_moe()
+        algo = msgspec.structs.replace(algo, routing_replay=True)
+        reference = TorchTrainer(copy.deepcopy(model), algo=algo, config=config)
+        backend = make_backend(copy.deepcopy(model), algo=algo, config=config)
+        expected, got = reference.step(groups), backend.step(groups)
+        assert got["routing/replayed"] == 1.0 and got["routing/set_differs"] == expected["routing/set_differs"]
+        assert got["loss/value"] == pytest.approx(expected["loss/value"], rel=self.loss_rtol, abs=1e-7)
+        mine, theirs = full_state(backend), full_state(reference)
+        assert list(mine) == list(theirs)  # expert and router tensors included
+        for name in theirs:
+            torch.testing.assert_close(mine[name], theirs[name], rtol=0, atol=self.weight_atol,
+                                       msg=lambda detail, name=name: f"{name}: {detail}")
 
     def test_named_full_state_is_the_whole_model(self, make_backend, algo, config) -> None:
         model = fixed_model()
