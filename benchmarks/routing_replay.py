@@ -203,16 +203,19 @@ def render(runs: dict[str, dict[int, dict]], steps: int, seeds: list[int]) -> st
             lines.append(f"| {title}, {name} | " + " | ".join(spread(column(name, key, t), fmt) for t in SHOWN_TENTHS)
                          + " |")
     if set(ARMS) <= set(runs):
-        lines += ["", "| last tenth, replay / no-replay | per seed | mean |", "|---|---|---|"]
-        for key, title, _ in KEYS[1:]:
-            ratios = []
+        lines += ["", "| replay / no-replay, per seed (mean) | whole run | last tenth |", "|---|---|---|"]
+
+        def ratios(key: str, which: slice) -> str:
+            found = []
             for seed in seeds:
-                mine = tenths(runs["replay"][seed]["history"], key)[9]
-                theirs = tenths(runs["no-replay"][seed]["history"], key)[9]
-                if mine is not None and theirs:
-                    ratios.append(mine / theirs)
-            lines.append(f"| {title} | {', '.join(f'{ratio:.2f}' for ratio in ratios)} | "
-                         f"{statistics.fmean(ratios):.2f}x |" if ratios else f"| {title} | - | - |")
+                mine = [value for value in tenths(runs["replay"][seed]["history"], key)[which] if value is not None]
+                theirs = [value for value in tenths(runs["no-replay"][seed]["history"], key)[which] if value is not None]
+                if mine and theirs and statistics.fmean(theirs):
+                    found.append(statistics.fmean(mine) / statistics.fmean(theirs))
+            return f"{', '.join(f'{ratio:.2f}' for ratio in found)} ({statistics.fmean(found):.2f}x)" if found else "-"
+
+        for key, title, _ in KEYS[1:]:
+            lines.append(f"| {title} | {ratios(key, slice(0, 10))} | {ratios(key, slice(9, 10))} |")
         lines.append("")
     stored = [run["history"][-1]["routing_bytes_per_position"] for arm in runs.values() for run in arm.values()
               if "routing_bytes_per_position" in run["history"][-1]]
