@@ -96,6 +96,13 @@ def test_replay_ablation_quick_mode_runs_all_three_variants():
     assert "Last tenth, replay against plain" in out
 
 
+def test_routing_replay_quick_mode_runs_both_arms_on_a_bfloat16_engine_and_sizes_the_routing_records():
+    out = run_quick("routing_replay.py")
+    assert "expert sets differing (share of token-layer pairs), replay" in out
+    assert "expert sets differing (share of token-layer pairs), no-replay" in out
+    assert "bytes per routed position" in out
+
+
 @pytest.mark.parametrize("workload", ["quickstart", "agent"])
 def test_async_vs_sync_quick_mode_runs_both_pipelines_and_the_synchronous_one_wastes_nothing(workload):
     out = run_quick("async_vs_sync.py", "--workload", workload)
