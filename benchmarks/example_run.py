@@ -1,7 +1,7 @@
 """An example run as a user starts it, timed and tabulated per tenth: what README and the docs quote.
 
 ``--example quickstart`` runs ``relayrl run examples/quickstart.toml``; ``--example agent`` runs
-``relayrl run examples/agent.toml``. Once each (seed ``--seed``, the report included, as the README's
+``relayrl run examples/agent.toml``; ``--example moe`` runs ``relayrl run examples/moe.toml``. Once each (seed ``--seed``, the report included, as the README's
 command does), then renders from the run's ``metrics.jsonl``:
 
 * quickstart (docs/quickstart.md): wall time from the command to the report, start-up + warm-up,
@@ -14,10 +14,13 @@ command does), then renders from the run's ``metrics.jsonl``:
   turns, turns, compactions, tokens, entropy, seconds per tool call) and its length-penalty table
   (budget steps against unconstrained ones).
 
+* moe (docs/algorithms.md): the quickstart's table with the share of token-layer pairs whose experts
+  the fp32 trainer's own routers would have chosen differently from the bf16 engine's (replayed).
+
 Writes ``benchmarks/results/example_run-<example>.json`` (the docs' table) and
 ``example_run-<example>-headline.json`` (the README's sentence).
 
-Usage: ``python benchmarks/example_run.py [--example quickstart|agent] [--seed 0] [--quick]``.
+Usage: ``python benchmarks/example_run.py [--example quickstart|agent|moe] [--seed 0] [--quick]``.
 """
 
 from __future__ import annotations
@@ -46,11 +49,14 @@ QUICK = {
               "--set", "buffer.batch_groups=2", "--set", "rollout.skip_zero_variance=false",
               "--set", "buffer.admission=['staleness']"],
 }
+QUICK["moe"] = QUICK["quickstart"]
 
 QUICKSTART_COLUMNS = [
     ("reward/fleet_mean", "success rate"), ("entropy/token_mean", "entropy (nats/token)"),
     ("entropy/kept_mean", "kept-set entropy"), ("mismatch/kl_k3", "mismatch KL (k3)"),
     ("staleness/mean", "staleness (mean)"), ("fleet/zero_variance_fraction", "zero-variance groups")]
+MOE_COLUMNS = [*QUICKSTART_COLUMNS[:4], ("routing/set_differs", "expert sets differing (replayed)"),
+               *QUICKSTART_COLUMNS[4:]]
 
 
 # ------------------------------------------------------------------------------ reading a run
@@ -104,21 +110,22 @@ def summarise(records: list[dict[str, Any]], started: float, ended: float) -> di
 
 
 # ------------------------------------------------------------------------------ what the docs show
-def quickstart_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str, str]:
+def quickstart_markdown(records: list[dict[str, Any]], s: dict[str, Any], columns: list[tuple[str, str]] = QUICKSTART_COLUMNS
+                        ) -> tuple[str, str]:
     def cell(value: float | None, name: str) -> str:
         if value is None:
             return ""
         if name == "fleet/zero_variance_fraction":
             return f"{100 * value:.0f}%"
-        return f"{value:.4f}" if name == "mismatch/kl_k3" else f"{value:.3f}"
+        return f"{value:.4f}" if name in ("mismatch/kl_k3", "routing/set_differs") else f"{value:.3f}"
 
     lines = [f"Wall time **{minutes(s['wall_s'])}** from the command to the report: {s['startup_s']:.0f} s start-up "
              f"and warm-up, then {s['steps']} RL steps in {s['rl_s']:.0f} s ({s['steps_per_s']:.1f} steps/s).", "",
-             "| steps | " + " | ".join(label for _, label in QUICKSTART_COLUMNS) + " |",
-             "|---|" + "---|" * len(QUICKSTART_COLUMNS)]
+             "| steps | " + " | ".join(label for _, label in columns) + " |",
+             "|---|" + "---|" * len(columns)]
     for chunk in tenths(records):
         lines.append(f"| {chunk[0]['step']}-{chunk[-1]['step']} | "
-                     + " | ".join(cell(mean(chunk, name), name) for name, _ in QUICKSTART_COLUMNS) + " |")
+                     + " | ".join(cell(mean(chunk, name), name) for name, _ in columns) + " |")
     first, last = s["first_tenth"]["reward/fleet_mean"], s["last_tenth"]["reward/fleet_mean"]
     lines += ["", f"The success rate of the last tenth is **{last / max(first, 1e-9):.1f}x** that of the first "
               f"({last - first:+.2f} absolute); entropy {s['first_tenth']['entropy/token_mean']:.2f} -> "
@@ -158,7 +165,11 @@ def agent_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[st
     return "\n".join(lines), headline
 
 
-RENDER = {"quickstart": quickstart_markdown, "agent": agent_markdown}
+def moe_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str, str]:
+    return quickstart_markdown(records, s, MOE_COLUMNS)
+
+
+RENDER = {"quickstart": quickstart_markdown, "agent": agent_markdown, "moe": moe_markdown}
 
 
 def main(argv: list[str] | None = None) -> int:
