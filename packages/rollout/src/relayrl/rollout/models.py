@@ -3,8 +3,9 @@
 ``relayrl run`` materialises ``[model]`` into ``<run_dir>/model`` before anything starts: either a
 fresh model (``architecture``: dense Llama or a Qwen3 mixture of experts; ``init``; seeded) with a
 character tokenizer over the environment's alphabet written as ``relayrl_tokenizer.json``, or a
-reference to an existing Hugging Face directory (``path``). Engines load it with ``from_pretrained``; the trainer loads the same bits; weight
-updates then come through relayrl-weight-sync.
+reference to an existing Hugging Face directory (``path``). Engines load it with
+``from_pretrained``; the trainer loads the same bits; weight updates then come through
+relayrl-weight-sync.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def _architecture(name: str) -> tuple[Any, Any, dict[str, Any]]:
 
         # Every layer sparse, 8 experts of which 2 per token, gates renormalised over those two. No
         # router auxiliary loss in RL: its load-balancing term would pull the router away from what the
-        # policy gradient asks (docs/algorithms.md, "Mixture of experts").
+        # policy gradient asks (docs/algorithms.md, "Mixture of experts"). The dense MLP size is unused.
         return Qwen3MoeConfig, Qwen3MoeForCausalLM, {
             **_COMMON_DEFAULTS, "head_dim": 32, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 128,
             "intermediate_size": 512, "norm_topk_prob": True, "decoder_sparse_step": 1, "output_router_logits": False}
