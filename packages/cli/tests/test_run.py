@@ -420,3 +420,9 @@ def test_the_moe_example_samples_in_bfloat16_records_its_routing_and_the_trainer
     state = torch.load(checkpoint, weights_only=False, map_location="cpu")
     floats = [value for value in state["trainer"]["model"].values() if value.is_floating_point()]
     assert floats and {value.dtype for value in floats} == {torch.float32}
+    # A published (bfloat16) version evaluates as the engines served it.
+    evaluation = relayrl("eval", f"{run_dir}@{newest}", "--tasks", "countdown", "--limit", "4", "--samples", "2",
+                         "--out", str(tmp_path / "eval"))
+    output, _ = evaluation.communicate(timeout=600)
+    assert evaluation.returncode == 0, output[-3000:]
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())["spec"]["version"] == newest

@@ -133,7 +133,8 @@ def materialize_version(layout: Any, config: Config, version: int, target: Path)
         raise RelayrlError(f"{layout.root}@{version}: no such weight version on the run's bus (newest: {shown})")
     source = layout.model_path(config)
     quiet_transformers()
-    model = load_model(source, dtype=config.model.dtype)
+    # The bus holds the engines' representation (low-precision rollouts: [rollout] engine_dtype).
+    model = load_model(source, dtype=config.rollout.serving_dtype(config.model))
     controller = Controller(layout.bus(config), StateDictAdapter(model), prefix=config.weight_sync.prefix)
     try:
         controller.update_to(version)

@@ -202,7 +202,7 @@ async def _evaluate(model: EvalModel, config: Config, environment: Any, task_set
     factory = lookup(pm, "relayrl_rollout_engines", section.engine, kind="engine").factory
     engines = [factory(str(model.model_dir), engine_id=f"engine-{index}", version=model.version,
                        max_batch=section.max_batch, seed=config.run.seed + index,
-                       **{"dtype": config.model.dtype, **section.engine_options})
+                       **{"dtype": section.serving_dtype(config.model), **section.engine_options})
                for index in range(section.engines)]
     router = build_router(section, engines, deployment=str(out.resolve()), pm=pm)
     sampling = config.algo.sampling
