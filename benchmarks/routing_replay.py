@@ -42,6 +42,7 @@ import msgspec
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from replay_ablation import spread, tenths  # the kept-set ablation's per-tenth summaries
 from results import command_line, commit, write_results
 
 from relayrl.algo.config import AlgoSection, SamplingSection
@@ -173,22 +174,6 @@ def routing_bytes_per_token(groups: list[Group]) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------ summaries
-def tenths(history: list[dict[str, float]], key: str) -> list[float | None]:
-    """Mean of ``key`` over each tenth of the run (None where no step of that tenth recorded it)."""
-    size = len(history) / 10
-    chunks = [history[round(i * size):round((i + 1) * size)] for i in range(10)]
-    values = [[record[key] for record in chunk if key in record] for chunk in chunks]
-    return [statistics.fmean(found) if found else None for found in values]
-
-
-def spread(values: list[float], fmt: str) -> str:
-    """``mean (min-max)`` over seeds; the mean alone for one seed."""
-    if not values:
-        return "-"
-    mean = format(statistics.fmean(values), fmt)
-    return mean if len(values) == 1 else f"{mean} ({format(min(values), fmt)}-{format(max(values), fmt)})"
-
-
 def render(runs: dict[str, dict[int, dict]], steps: int, seeds: list[int]) -> str:
     """The docs' table (mean over seeds and range, per shown tenth) and the replay / no-replay ratios."""
     def column(name: str, key: str, tenth: int) -> list[float]:
