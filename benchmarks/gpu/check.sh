@@ -8,7 +8,8 @@
 #
 # What it prints:
 #   1. relayrl-vllm's conformance suite (EngineTests on the GPU, kept-sets from vLLM's own sampling
-#      masks: logprobs equal the trainer's replay_logprobs).
+#      masks: logprobs equal the trainer's replay_logprobs), and again on a Qwen3-MoE, where the
+#      routing checks run for real (vLLM's routed-experts capture needs Model Runner V2, GPU only).
 #   2. tokens/s of plain vLLM vs relayrl's engine (kept-set capture, logprobs, versions) on a ~0.5B
 #      model, for both kept-set routes, and the weight-update pause of an in-place update.
 #   3. a few DeepSpeed ZeRO-3 bf16 trainer steps on the same size, and a full weight publish.

