@@ -31,7 +31,7 @@ def test_replay_benchmark_quick_mode_runs_and_agrees_with_the_dense_reference():
 
 def test_engine_benchmark_quick_mode_runs():
     out = run_quick("engine.py")
-    assert "relayrl / generate" in out
+    assert "relayrl / generate" in out and "recording routing tok/s" in out
 
 
 def test_buffer_benchmark_quick_mode_runs_on_local_files_and_s3():
