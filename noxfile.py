@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -191,18 +192,30 @@ def disposable_venv(session: nox.Session) -> Iterator[None]:
 
 
 # Debian packages some sessions test against: bubblewrap for the bwrap sandbox backend, ripgrep for
-# the grep tool, etcd for Dynamo's production discovery. Installed when missing and the session runs
-# as root (CI does); otherwise the tests that need them skip and say why.
-SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep"}
+# the grep tool, NumPy for the sandbox's own python3 (the kernel environment's harness), etcd for
+# Dynamo's production discovery. Installed when missing and the session runs as root (CI does);
+# otherwise the tests that need them skip and say why. A key is a command, or "python3:MODULE" for a
+# module the distribution's python3 must import.
+SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep", "python3:numpy": "python3-numpy"}
 ETCD = {"etcd": "etcd-server"}
 BROWSER = {"chromium": "chromium"}
 """For the trajectory viewer's test in a real headless browser (relayrl-cli)."""
-NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "cli", "integration"}
+NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "cli", "integration", "rollout"}
+
+
+def _present(probe: str) -> bool:
+    """Whether a system tool is there: a command on PATH, or ("python3:MODULE") a module the
+    distribution's /usr/bin/python3 imports."""
+    if probe.startswith("python3:"):
+        python = Path("/usr/bin/python3")
+        return python.exists() and subprocess.run([str(python), "-c", f"import {probe.split(':', 1)[1]}"],
+                                                  capture_output=True).returncode == 0
+    return shutil.which(probe) is not None
 
 
 def ensure_system_tools(session: nox.Session, tools: dict[str, str] = SYSTEM_TOOLS) -> None:
     """Install the Debian packages of ``tools`` (command -> package) whose command is missing."""
-    missing = [package for command, package in tools.items() if shutil.which(command) is None]
+    missing = [package for probe, package in tools.items() if not _present(probe)]
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
@@ -213,7 +226,7 @@ def ensure_system_tools(session: nox.Session, tools: dict[str, str] = SYSTEM_TOO
     # CI's two lanes may both get here: dpkg takes one installer at a time, so take turns.
     with open(Path(tempfile.gettempdir()) / "relayrl-nox-apt.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        missing = [package for command, package in tools.items() if shutil.which(command) is None]
+        missing = [package for probe, package in tools.items() if not _present(probe)]
         if missing:
             session.run("apt-get", "update", "-qq", external=True)
             session.run("apt-get", "install", "-y", "-qq", *missing, external=True,

@@ -1,0 +1,139 @@
+"""Grading a kernel candidate: the in-sandbox harness, its report, and the reward.
+
+:class:`KernelGrader` runs :mod:`relayrl.rollout.kernels.harness` in a fresh sandbox of the run's
+backend for every candidate (``python3 -I -c HARNESS harness``, the job as JSON on stdin); the
+candidate's source is untrusted and never runs on the host. The interpreter is the sandbox's own
+``python3`` (the distribution's, which the sandbox user can run: relayrl's own may live where that
+user cannot read, e.g. under ``/root``), with NumPy from the distribution's packages (Debian:
+``apt-get install python3-numpy``); :meth:`KernelGrader.check` says in one line when it is missing. The report says whether the candidate is correct on fresh inputs, its speed-up over
+the reference (median of interleaved rounds, with the interquartile range of the per-round
+ratios), and any exploit flags with their evidence.
+
+The reward (:class:`KernelReward`, the shape of Kevin's: a correctness gate plus the speed-up): 0
+for an incorrect or flagged candidate; otherwise ``correct`` plus ``speedup_weight`` times the
+speed-up beyond 1, where a speed-up within the noise floor of 1 counts as exactly 1 and speed-ups
+are capped at ``max_speedup``. A correct candidate no faster than the reference earns ``correct``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from relayrl.rollout.kernels.tasks import KernelTask
+
+__all__ = ["KernelGrader", "KernelReport", "KernelReward", "harness_job", "harness_source"]
+
+
+@functools.cache
+def harness_source() -> str:
+    """The harness script's text (it starts its workers from the same text)."""
+    return (Path(__file__).parent / "harness.py").read_text()
+
+
+class KernelReport(msgspec.Struct, kw_only=True):
+    """What the harness found (see :mod:`relayrl.rollout.kernels.harness`)."""
+
+    status: str
+    """``ok``, ``load_error``, ``incorrect``, ``runtime_error``, ``timeout``, ``crashed``, ``exploit``,
+    ``grader_error``."""
+    correct: bool = False
+    speedup: float | None = None
+    speedup_q1: float | None = None
+    speedup_q3: float | None = None
+    rounds: int = 0
+    reference_call_s: float | None = None
+    candidate_call_s: float | None = None
+    flags: list[dict[str, str]] = []
+    message: str = ""
+    stderr: str = ""
+
+    def feedback(self) -> str:
+        """The report as the agent reads it after a submission (compiler errors, correctness, timing)."""
+        if self.status == "ok" and self.correct and self.speedup is not None:
+            return (f"correct; speed-up {self.speedup:.2f}x over the reference (interquartile "
+                    f"{self.speedup_q1:.2f}-{self.speedup_q3:.2f}, {self.rounds} rounds)")
+        if self.status == "ok" and self.correct:
+            return "correct"
+        if self.status == "exploit":
+            return "rejected: " + "; ".join(f"{flag['detector']}: {flag['evidence']}" for flag in self.flags)
+        return f"{self.status}: {self.message}"[:2000]
+
+
+class KernelReward(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The reward of a graded candidate (see the module docstring)."""
+
+    correct: float = 0.3
+    speedup_weight: float = 1.0
+    noise_floor: float = 0.05
+    """A speed-up within ``1 ± noise_floor`` counts as exactly 1."""
+    max_speedup: float = 10.0
+
+    def __call__(self, report: KernelReport) -> float:
+        if report.flags or not report.correct:
+            return 0.0
+        if report.speedup is None:  # graded for correctness alone
+            return self.correct
+        return self.correct + self.speedup_weight * max(0.0, self.effective_speedup(report.speedup) - 1.0)
+
+    def effective_speedup(self, speedup: float) -> float:
+        if not math.isfinite(speedup) or speedup <= 0:
+            return 0.0
+        if abs(speedup - 1.0) <= self.noise_floor:
+            return 1.0
+        return min(speedup, self.max_speedup)
+
+
+def harness_job(task: KernelTask, candidate: str, *, rounds: int = 10, time_it: bool = True,
+                timeout_s: float = 120.0, **extra: Any) -> dict[str, Any]:
+    """The JSON job the harness grades."""
+    return {"harness_source": harness_source(), "reference": task.reference, "candidate": candidate,
+            "args": msgspec.to_builtins(task.args), "sizes": task.sizes,
+            "tolerance": msgspec.to_builtins(task.tolerance), "rounds": rounds, "time": time_it,
+            "timeout_s": timeout_s, **extra}
+
+
+class KernelGrader:
+    """Grades candidates in fresh sandboxes of one backend (the run's ``[sandbox]`` section)."""
+
+    def __init__(self, backend: Any = None, *, section: Any = None, pm: Any = None, python: str = "python3") -> None:
+        self.python = python
+        self._backend = backend
+        self._section = section
+        self._pm = pm
+        self.graded = 0
+
+    def backend(self) -> Any:
+        if self._backend is None:
+            from relayrl.sandbox import SandboxSection, open_backend
+
+            self._backend = open_backend(section=self._section or SandboxSection(), pm=self._pm)
+        return self._backend
+
+    def check(self) -> str | None:
+        """None when the sandbox's interpreter can grade (it imports NumPy); else why, in one line."""
+        with self.backend().create() as sandbox:
+            result = sandbox.exec([self.python, "-I", "-c", "import numpy; print(numpy.__version__)"], timeout=60)
+        if result.exit_status == 0:
+            return None
+        return (f"kernel grader: `{self.python}` in the sandbox cannot import NumPy (install the distribution's "
+                f"package, e.g. `apt-get install python3-numpy`): {result.stderr.strip()[-200:]}")
+
+    def grade(self, task: KernelTask, candidate: str, *, rounds: int = 10, time_it: bool = True,
+              timeout_s: float = 120.0, **extra: Any) -> KernelReport:
+        """Grade ``candidate`` (source defining ``kernel``) against ``task`` (blocking)."""
+        job = harness_job(task, candidate, rounds=rounds, time_it=time_it, timeout_s=timeout_s, **extra)
+        with self.backend().create() as sandbox:
+            result = sandbox.exec([self.python, "-I", "-c", harness_source(), "harness"], stdin=json.dumps(job),
+                                  timeout=timeout_s + 30)
+        self.graded += 1
+        try:
+            return msgspec.convert(json.loads(result.stdout), KernelReport)
+        except (ValueError, msgspec.ValidationError):
+            return KernelReport(status="grader_error", message=f"the harness exited {result.exit_status}: "
+                                                               f"{(result.stderr or result.stdout)[-1500:]}")

@@ -1,0 +1,747 @@
+"""The kernel grader's in-sandbox harness: correctness on fresh inputs, then interleaved timing.
+
+This file is a *script*: the host runs its source in a sandbox (``python -I -c SOURCE harness``)
+with the interpreter relayrl runs on (it has NumPy), sends one job as JSON on stdin and reads one
+report as JSON on stdout. It imports only the standard library and NumPy, and is never imported on
+the host to grade (tests import it to check its helpers).
+
+Three processes, so that nothing the candidate runs can touch the clock or the reference:
+
+* the **harness** (this process) draws every input from ``os.urandom``, keeps the clock, and
+  checks every output;
+* a **reference worker** holding only the task's reference function;
+* a **candidate worker** holding only the candidate's source.
+
+Workers receive their inputs through a shared-memory file the harness writes just before each
+batch (the reference's file is unlinked before the candidate starts), run the batch when told,
+and reply when done; the harness times the round trip with its own clock. Every call of a batch
+gets inputs no earlier call saw, so neither a cache nor a lookup of "known" inputs can answer it.
+After each timed batch the worker reports a digest of every output (the dot product with random
+weights), which the harness compares, within the task's tolerance, with the reference's outputs
+for the same inputs: a candidate that answers the timed calls differently from the checked ones
+fails. Batches alternate between the workers (order swapped each round) on one pinned core, with
+the thread counts of NumPy's libraries fixed at one.
+
+What the candidate worker may do is narrowed twice. A Python audit hook, installed before the
+candidate's source is compiled, refuses (and reports on a channel the candidate cannot reach
+back into) file opens, imports of modules not already loaded, new threads and processes, signals,
+sockets, ``ctypes`` and dynamic ``exec``/``compile``. And, whatever the hook misses, the harness
+watches the operating system: the candidate worker must keep the thread count it had after
+loading, start no process, and use no CPU while it is not running a batch (work done outside the
+timed region: in a background thread, at import, or between batches). Any of these is a flag.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import mmap
+import os
+import select
+import struct
+import sys
+import time
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                    "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS")
+BLOCKED_EVENTS = ("open", "os.system", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.spawn", "os.kill",
+                  "os.killpg", "signal.pthread_kill", "subprocess.Popen", "_thread.start_new_thread",
+                  "socket.__new__", "socket.connect", "socket.bind", "ctypes.dlopen", "ctypes.dlsym",
+                  "ctypes.cdata", "ctypes.call_function", "sys.settrace", "sys.setprofile", "sys._current_frames",
+                  "gc.get_objects", "gc.get_referrers", "gc.get_referents", "os.chdir", "os.putenv", "os.unsetenv",
+                  "mmap.__new__", "import", "compile", "exec", "code.__new__", "function.__new__",
+                  "object.__setattr__", "object.__delattr__", "sys.addaudithook", "os.remove", "os.rename",
+                  "os.truncate", "shutil.rmtree", "os.listdir", "os.scandir", "glob.glob", "os.walk",
+                  "resource.setrlimit", "os.sched_setaffinity", "os.nice", "os.setpriority")
+MALLOC_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+                   "MALLOC_TOP_PAD_": str(64 << 20)}
+"""glibc's allocator, fixed for both workers: by default its mmap threshold adapts to the sizes a
+process has freed, so two workers running the same code could allocate their outputs differently
+(fresh pages and their faults, or reused heap) depending on their history: a 1.6x bias measured
+between two identical functions."""
+ALLOWED_IMPORTS = ("math", "cmath", "itertools", "functools", "operator", "numpy")
+"""Modules a candidate may import (loaded, with NumPy's submodules, before its source runs)."""
+PRELOADED = ("math", "cmath", "itertools", "functools", "operator", "numpy", "numpy.linalg", "numpy.fft",
+             "numpy.random", "numpy.lib.stride_tricks")
+LOW_PRECISION = {"rtol": 2e-2, "atol": 2e-3}
+"""An output outside the task's tolerance but within this one is what computing in half precision
+(or a lower-precision shortcut) gives: flagged as ``lower-precision`` rather than merely wrong."""
+OUTSIDE_CPU_SLACK_S = 0.01
+"""CPU seconds a candidate worker may spend outside its timed batches beyond what the reference
+worker spent on the same untimed steps (reading commands, digests; interpreter noise)."""
+
+
+# ----------------------------------------------------------------------------- framing
+def send(stream, message: dict) -> None:
+    data = json.dumps(message).encode()
+    stream.write(struct.pack("<I", len(data)) + data)
+    stream.flush()
+
+
+class ProtocolError(Exception):
+    """A worker's reply that is not a message of the protocol (a candidate writing to the pipe)."""
+
+
+def receive(fd: int, deadline: float) -> dict:
+    """One length-prefixed JSON object from ``fd`` before ``deadline`` (TimeoutError, EOFError,
+    ProtocolError)."""
+    header = _read_exact(fd, 4, deadline)
+    (length,) = struct.unpack("<I", header)
+    if length > 16 << 20:
+        raise ProtocolError(f"a message of {length} bytes")
+    try:
+        message = json.loads(_read_exact(fd, length, deadline))
+    except ValueError as exc:
+        raise ProtocolError(f"not JSON: {exc}") from exc
+    if not isinstance(message, dict):
+        raise ProtocolError(f"a {type(message).__name__}, not an object")
+    return message
+
+
+def _read_exact(fd: int, count: int, deadline: float) -> bytes:
+    chunks = b""
+    while len(chunks) < count:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise TimeoutError
+        chunk = os.read(fd, count - len(chunks))
+        if not chunk:
+            raise EOFError
+        chunks += chunk
+    return chunks
+
+
+# ----------------------------------------------------------------------------- worker
+def worker_main(role: str, shm_path: str) -> None:
+    """A worker: load one function, then run batches on inputs from the shared-memory file."""
+    import importlib
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    import numpy as np
+
+    commands = sys.stdin.fileno()
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    alarms = os.fdopen(os.dup(sys.stderr.fileno()), "w")  # hook reports; the candidate cannot recall them
+    # What the candidate prints goes nowhere: fds 1 and 2 no longer reach the harness.
+    quiet = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(quiet, 1)
+    os.dup2(quiet, 2)
+    os.close(quiet)
+    setup = receive(commands, time.monotonic() + 60)
+    with open(shm_path, "r+b") as handle:
+        shared = mmap.mmap(handle.fileno(), 0)
+    namespace: dict = {"__name__": f"relayrl_{role}", "__builtins__": __builtins__}
+    source, entry = setup["source"], setup["entry"]
+    if role == "candidate" and setup.get("guard", True):
+        _install_guard(alarms)
+    try:
+        code = compile(source, f"<{role}>", "exec")
+        exec(code, namespace)  # the point of the worker
+        function = namespace[entry]
+        if not callable(function):
+            raise TypeError(f"{entry} is not a function")
+    except BaseException as exc:  # reported, not raised
+        send(replies, {"error": f"{type(exc).__name__}: {exc}"[:2000], "phase": "load"})
+        return
+    _GUARD["loaded"] = True
+    send(replies, {"ready": True})
+    outputs: list = []
+    while True:
+        try:
+            command = receive(commands, time.monotonic() + 3600)
+        except (EOFError, TimeoutError):
+            return
+        if command["op"] == "run":
+            arrays = [[np.frombuffer(shared, dtype=arg["dtype"], count=math.prod(arg["shape"]), offset=arg["offset"])
+                       .reshape(arg["shape"]) for arg in call] for call in command["calls"]]
+            outputs = []
+            error = None
+            try:
+                for args in arrays:
+                    outputs.append(function(*args))
+            except BaseException as exc:
+                error = f"{type(exc).__name__}: {exc}"[:2000]
+            send(replies, {"done": True, "error": error})
+        elif command["op"] == "digest":
+            weights = np.frombuffer(shared, dtype=np.float64, count=command["weights"],
+                                    offset=command["weights_offset"])
+            tolerance = command["tolerance"]
+            send(replies, {"digests": [_digest(np, output, weights, tolerance) for output in outputs]})
+        elif command["op"] == "fetch":  # one output, whole, into the fetch region
+            output = outputs[command["index"]]
+            if type(output) is not np.ndarray or output.nbytes > command["limit"]:
+                send(replies, {"error": "not a numpy.ndarray within the size limit"})
+                continue
+            data = np.ascontiguousarray(output).tobytes()
+            shared[command["offset"]:command["offset"] + len(data)] = data
+            send(replies, {"shape": list(output.shape), "dtype": output.dtype.str})
+        else:
+            return
+
+
+def _digest(np, output, weights, tolerance: dict) -> dict:
+    """An output's weighted sum (non-finite values counted apart), and the sum's tolerance: the same
+    weights, in absolute value, applied to every element's ``atol + rtol * |value|``. Only the
+    reference worker's ``bound`` is used."""
+    if type(output) is not np.ndarray:
+        return {"error": f"returned {type(output).__name__}, not a numpy.ndarray"}
+    if output.size > weights.size:
+        return {"error": f"an output of {output.size} elements"}
+    flat = output.reshape(-1).astype(np.float64)
+    finite = np.isfinite(flat)
+    flat[~finite] = 0.0
+    bound = float(np.dot(np.abs(weights[:flat.size]), tolerance["atol"] + tolerance["rtol"] * np.abs(flat)))
+    return {"shape": list(output.shape), "dtype": output.dtype.str, "value": float(np.dot(flat, weights[:flat.size])),
+            "bound": bound, "nonfinite": int(flat.size - int(finite.sum()))}
+
+
+_GUARD: dict = {"loaded": False, "alarms": None}
+
+
+def _install_guard(alarms) -> None:
+    """Refuse and report what a candidate has no business doing (see the module docstring)."""
+    _GUARD["alarms"] = alarms
+
+    def hook(event: str, args: tuple) -> None:
+        if event not in BLOCKED_EVENTS:
+            return
+        if event in ("compile", "exec") and not _GUARD["loaded"]:
+            return  # the candidate's own source, once
+        if event == "import":
+            name = str(args[0])
+            if name.split(".")[0] in ALLOWED_IMPORTS and name in sys.modules:
+                return
+        if event == "open" and isinstance(args[0], str) and args[0].startswith("<"):
+            return  # a traceback looking for the source of "<candidate>": there is no such file
+        if event == "object.__setattr__" and not isinstance(args[0], type(sys)):
+            return  # setting attributes of the candidate's own objects and classes is fine
+        detail = repr(args)[:300]
+        try:
+            alarms.write(json.dumps({"event": event, "detail": detail}) + "\n")
+            alarms.flush()
+        except Exception:  # the alarm is best effort; the refusal is not
+            pass
+        raise PermissionError(f"the kernel sandbox does not allow {event}")
+
+    sys.addaudithook(hook)
+
+    # Thread starts raise no audit event before Python 3.13: refuse them at the source as well.
+    import _thread
+    import threading
+
+    def refuse_thread(*args, **kwargs):
+        hook("_thread.start_new_thread", args)
+
+    _thread.start_new_thread = _thread.start_new = refuse_thread
+    threading._start_new_thread = refuse_thread
+    if hasattr(threading, "_start_joinable_thread"):
+        threading._start_joinable_thread = refuse_thread
+
+
+def static_flags(source: str) -> list[dict]:
+    """Exploit attempts visible in the candidate's source: assigning to (or deleting) an attribute
+    of an imported module, directly or through ``setattr``/``delattr`` (patching a timer, NumPy, the
+    harness through ``sys.modules``...). Audit hooks do not see module attributes change."""
+    import ast
+
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return []
+    modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for alias in node.names}
+    modules |= {name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) for alias in node.names
+                for name in [alias.asname or alias.name] if alias.name in ("sys", "os", "time", "builtins")}
+
+    def root(node) -> str | None:
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+        return node.id if isinstance(node, ast.Name) else None
+
+    flags = []
+    for node in ast.walk(tree):
+        targets: list = []
+        if isinstance(node, (ast.Assign, ast.Delete)):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        for target in targets:
+            for item in ast.walk(target):
+                if isinstance(item, (ast.Attribute, ast.Subscript)) and isinstance(item.ctx, (ast.Store, ast.Del)) \
+                        and root(item) in modules:
+                    flags.append({"detector": "patches-module",
+                                  "evidence": f"line {node.lineno}: {ast.unparse(item)[:120]} is assigned"})
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
+                and node.args and root(node.args[0]) in modules:
+            flags.append({"detector": "patches-module",
+                          "evidence": f"line {node.lineno}: {ast.unparse(node)[:120]}"})
+    return flags
+
+
+
+# ----------------------------------------------------------------------------- harness
+class Flagged(Exception):
+    """An exploit attempt, with the detector's name and its evidence."""
+
+    def __init__(self, detector: str, evidence: str) -> None:
+        super().__init__(f"{detector}: {evidence}")
+        self.detector, self.evidence = detector, evidence
+
+
+class Incorrect(Exception):
+    """The candidate's output is not the reference's (shape, dtype, values beyond tolerance)."""
+
+
+class Worker:
+    """A worker process seen from the harness: its pipes, its shared memory, its CPU accounting."""
+
+    def __init__(self, role: str, harness_source: str, source: str, entry: str, shm_bytes: int, core: int | None,
+                 deadline: float, guard: bool = True) -> None:
+        import subprocess
+
+        self.role = role
+        self.shm_path = f"/dev/shm/relayrl-kernel-{role}-{os.urandom(8).hex()}"
+        with open(self.shm_path, "wb") as handle:
+            handle.truncate(shm_bytes)
+        with open(self.shm_path, "r+b") as handle:
+            self.shared = mmap.mmap(handle.fileno(), shm_bytes)
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0",
+               **{name: "1" for name in THREAD_VARIABLES}, **MALLOC_SETTINGS}
+        pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
+        self.process = subprocess.Popen([sys.executable, "-I", "-c", harness_source, "worker", role, self.shm_path],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        env=env, preexec_fn=pin)
+        os.set_blocking(self.process.stderr.fileno(), False)
+        self.stderr_text = ""
+        send(self.process.stdin, {"source": source, "entry": entry, "guard": guard})
+        self.loaded = receive(self.process.stdout.fileno(), deadline)
+        if os.path.exists(self.shm_path):  # mapped by now: nobody else opens it
+            os.unlink(self.shm_path)
+        self.threads = self.thread_count()
+
+    def request(self, message: dict, deadline: float) -> dict:
+        send(self.process.stdin, message)
+        return receive(self.process.stdout.fileno(), deadline)
+
+    def cpu_seconds(self) -> float:
+        """CPU time of every thread of the worker and of every process below it (nanosecond clock)."""
+        return sum(_cpu_of(pid) for pid in [self.process.pid, *_descendants(self.process.pid)])
+
+    def thread_count(self) -> int:
+        try:
+            return len(os.listdir(f"/proc/{self.process.pid}/task"))
+        except OSError:
+            return 0
+
+    def alarms(self) -> list[dict]:
+        """What the worker's audit hook refused, as it reported it on stderr."""
+        try:
+            while chunk := os.read(self.process.stderr.fileno(), 65536):
+                self.stderr_text += chunk.decode(errors="replace")
+        except (BlockingIOError, OSError):
+            pass
+        found = []
+        for line in self.stderr_text.splitlines():
+            try:
+                item = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(item, dict) and "event" in item:
+                found.append(item)
+        return found
+
+    def close(self) -> None:
+        try:
+            self.process.kill()
+            self.process.wait(5)
+        except Exception:  # closing is best effort
+            pass
+        if os.path.exists(self.shm_path):
+            os.unlink(self.shm_path)
+
+
+def _cpu_of(pid: int) -> float:
+    total = 0
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as handle:
+                total += int(handle.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            continue
+    return total / 1e9
+
+
+def _parents() -> dict[int, int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as handle:
+                    parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    return parents
+
+
+def _descendants(root: int, parents: dict[int, int] | None = None) -> list[int]:
+    """Processes below ``root``; with the harness a child subreaper, orphans stay below it too."""
+    parents = _parents() if parents is None else parents
+    found, frontier = [], [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == parent]
+        found += children
+        frontier += children
+    return found
+
+
+def _become_subreaper_and_undumpable() -> None:
+    """Orphans of the candidate's processes reparent to the harness (so they stay countable), and no
+    other process of this uid can read the harness's memory through /proc."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+        libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE = 0
+    except Exception:  # best effort: the other checks stand alone
+        pass
+
+
+def _dims(arg: dict, sizes: dict) -> list[int]:
+    return [int(sizes[dim]) if isinstance(dim, str) else int(dim) for dim in arg["shape"]]
+
+
+def _inputs(np, rng, args: list[dict], sizes: dict) -> list:
+    arrays = []
+    for arg in args:
+        dtype = np.dtype(arg.get("dtype", "float32"))
+        low, high = arg.get("low", -1.0), arg.get("high", 1.0)
+        if dtype.kind in "iu":
+            arrays.append(rng.integers(int(low), int(high), size=_dims(arg, sizes), dtype=dtype))
+        elif dtype in (np.float32, np.float64):
+            array = rng.random(size=_dims(arg, sizes), dtype=dtype)
+            array *= high - low
+            array += low
+            arrays.append(array)
+        else:
+            arrays.append(rng.uniform(low, high, size=_dims(arg, sizes)).astype(dtype))
+    return arrays
+
+
+class Session:
+    """One grading: both workers, the inputs, the clock and every check (see the module docstring)."""
+
+    def __init__(self, job: dict) -> None:
+        import numpy as np
+
+        self.np = np
+        self.job = job
+        self.deadline = time.monotonic() + float(job.get("timeout_s", 120))
+        self.rng = np.random.default_rng(int.from_bytes(os.urandom(16), "little"))
+        self.tolerance = job.get("tolerance", {"rtol": 1e-5, "atol": 1e-6})
+        self.largest = max(sum(math.prod(_dims(arg, sizes)) * np.dtype(arg.get("dtype", "float32")).itemsize
+                               for arg in job["args"]) for sizes in job["sizes"])
+        # Calls per timed batch: enough that a batch outlasts the clock's and the pipe's noise, few
+        # enough that every call's fresh inputs fit in the shared memory (set after calibration).
+        self.max_calls = max(1, min(int(job.get("max_calls_per_batch", 256)),
+                                    int(job.get("max_shared_bytes", 256 << 20)) // (2 * self.largest + 1)))
+        self.calls_per_batch = 1
+        self.weights_count = max(1 << 12, 4 * self.largest)
+        self.fetch_bytes = max(1 << 20, 4 * self.largest)
+        self.fetch_offset = self.max_calls * (self.largest + 64 * len(job["args"]))
+        self.shm_bytes = self.fetch_offset + self.fetch_bytes + 8 * self.weights_count
+        cores = sorted(os.sched_getaffinity(0))
+        self.core = cores[-1]
+        if len(cores) > 1:  # the harness keeps off the workers' core
+            os.sched_setaffinity(0, set(cores[:-1]))
+        self.workers: list[Worker] = []
+        # One set of digest weights for the session, so that digests of different calls compare.
+        self.weights = self.rng.standard_normal(self.weights_count)
+        self.seen: list[dict] = []
+
+    def start(self, role: str, source: str, entry: str) -> Worker:
+        # ``python_guard: false`` is for tests of the operating-system checks alone (a candidate that
+        # got past the audit hook, as compiled code could).
+        worker = Worker(role, self.job["harness_source"], source, entry, self.shm_bytes, self.core, self.deadline,
+                        guard=bool(self.job.get("python_guard", True)))
+        self.workers.append(worker)
+        return worker
+
+    def place(self, worker: Worker, calls: list[list]) -> list[list[dict]]:
+        """Write ``calls`` (lists of arrays) into the worker's shared memory; their descriptors."""
+        offset, layout = 0, []
+        for call in calls:
+            described = []
+            for array in call:
+                data = array.tobytes()
+                worker.shared[offset:offset + len(data)] = data
+                described.append({"dtype": array.dtype.str, "shape": list(array.shape), "offset": offset})
+                offset += (len(data) + 63) // 64 * 64
+            layout.append(described)
+        return layout
+
+    def digests(self, worker: Worker, weights) -> list[dict]:
+        offset = len(worker.shared) - weights.nbytes
+        worker.shared[offset:] = weights.tobytes()
+        digests = worker.request({"op": "digest", "weights": weights.size, "weights_offset": offset,
+                                  "tolerance": self.tolerance}, self.deadline).get("digests")
+        if not isinstance(digests, list):
+            raise ProtocolError(f"the {worker.role} answered a digest request with something else")
+        return digests
+
+    def fetch(self, worker: Worker, index: int):
+        """Output ``index`` of the worker's last batch, copied out of its fetch region; or why not."""
+        np = self.np
+        reply = worker.request({"op": "fetch", "index": index, "offset": self.fetch_offset,
+                                "limit": self.fetch_bytes}, self.deadline)
+        if "error" in reply:
+            return str(reply["error"])[:200]
+        try:
+            dtype = np.dtype(str(reply["dtype"]))
+            shape = [int(dim) for dim in reply["shape"]]
+        except (KeyError, TypeError, ValueError):
+            raise ProtocolError(f"the {worker.role} described an output as {str(reply)[:100]}") from None
+        count = math.prod(shape)
+        if dtype.kind not in "biufc" or min(shape, default=1) < 0 or count * dtype.itemsize > self.fetch_bytes:
+            return f"an output of dtype {dtype} and shape {shape}"
+        return np.frombuffer(worker.shared, dtype=dtype, count=count, offset=self.fetch_offset).reshape(shape).copy()
+
+    def check_whole(self, reference: Worker, candidate: Worker, index: int, sizes: dict) -> None:
+        """Compare output ``index`` of both workers element by element (Incorrect, or Flagged when only
+        a lower precision explains the difference)."""
+        np = self.np
+        expected, got = self.fetch(reference, index), self.fetch(candidate, index)
+        if isinstance(expected, str):
+            raise RuntimeError(f"the reference's output: {expected}")
+        if isinstance(got, str):
+            raise Incorrect(f"call {index}: {got} (sizes {sizes})")
+        if got.shape != expected.shape:
+            raise Incorrect(f"output shape {got.shape}, expected {expected.shape} (sizes {sizes})")
+        if got.dtype != expected.dtype:
+            raise Incorrect(f"output dtype {got.dtype}, expected {expected.dtype} (sizes {sizes})")
+        if expected.dtype.kind not in "fc":
+            if not np.array_equal(got, expected):
+                raise Incorrect(f"outputs differ from the reference's (sizes {sizes})")
+            return
+        same_nan = np.array_equal(np.isnan(got), np.isnan(expected))
+        same_inf = np.array_equal(np.where(np.isinf(expected), expected, 0), np.where(np.isinf(got), got, 0))
+        if not (same_nan and same_inf):
+            raise Incorrect(f"non-finite values where the reference's differ (sizes {sizes})")
+        finite = np.isfinite(expected)
+        wide_got, wide_expected = got[finite].astype(np.float64), expected[finite].astype(np.float64)
+        error = np.abs(wide_got - wide_expected)
+        magnitude = np.abs(wide_expected)
+        if np.all(error <= self.tolerance["atol"] + self.tolerance["rtol"] * magnitude):
+            return
+        worst = float(error.max(initial=0.0))
+        if np.all(error <= LOW_PRECISION["atol"] + LOW_PRECISION["rtol"] * magnitude):
+            raise Flagged("lower-precision", f"call {index}: outputs within a lower precision's error (max "
+                                             f"{worst:.3g}) but outside the task's tolerance (sizes {sizes})")
+        raise Incorrect(f"values differ from the reference's beyond the tolerance (max error {worst:.3g}, "
+                        f"sizes {sizes})")
+
+    def batch(self, reference: Worker, candidate: Worker, sizes: dict, count: int, candidate_first: bool,
+              whole: int | None = None) -> dict:
+        """``count`` calls on fresh inputs, one timed batch per worker, outputs compared; wall seconds.
+
+        Every output is compared by digest; ``whole`` of them (all when None), drawn after the
+        batch ran, also element by element.
+
+        CPU accounting: each worker's CPU time is read around its timed batch and around the whole
+        cycle; what the candidate spends outside its batch must not exceed what the reference spends
+        on the same untimed steps, plus a little slack.
+        """
+        np = self.np
+        calls = [_inputs(np, self.rng, self.job["args"], sizes) for _ in range(count)]
+        weights = self.weights
+        layouts = {worker.role: self.place(worker, calls) for worker in (reference, candidate)}
+        cycle_start = {worker.role: worker.cpu_seconds() for worker in (reference, candidate)}
+        in_batch: dict[str, float] = {}
+        seconds: dict[str, float] = {}
+        for worker in ((candidate, reference) if candidate_first else (reference, candidate)):
+            threads_before = worker.thread_count()
+            cpu_before = worker.cpu_seconds()
+            started = time.perf_counter()
+            reply = worker.request({"op": "run", "calls": layouts[worker.role]}, self.deadline)
+            seconds[worker.role] = time.perf_counter() - started
+            if reply.get("done") is not True:
+                raise ProtocolError(f"the {worker.role} answered a batch with something else")
+            in_batch[worker.role] = worker.cpu_seconds() - cpu_before
+            if reply.get("error"):
+                raise RuntimeError(f"the {worker.role} raised: {reply['error']}")
+            if worker is candidate and worker.thread_count() > max(threads_before, worker.threads):
+                raise Flagged("background-thread", f"the candidate's process went from {worker.threads} to "
+                                                   f"{worker.thread_count()} threads")
+        found = {worker.role: self.digests(worker, weights) for worker in (reference, candidate)}
+        outside = {worker.role: worker.cpu_seconds() - cycle_start[worker.role] - in_batch[worker.role]
+                   for worker in (reference, candidate)}
+        if outside["candidate"] > 2 * outside["reference"] + OUTSIDE_CPU_SLACK_S:
+            raise Flagged("work-outside-timing", f"the candidate used {outside['candidate']:.4f} CPU s outside its "
+                                                 f"timed batch, the reference {outside['reference']:.4f}")
+        if _descendants(candidate.process.pid):
+            raise Flagged("extra-process", "the candidate started a process")
+        strays = [pid for pid in _descendants(os.getpid()) if pid not in {w.process.pid for w in self.workers}]
+        if strays:
+            raise Flagged("extra-process", f"{len(strays)} process(es) under the harness that are not its workers")
+        if len(found["candidate"]) != count:
+            raise Incorrect(f"{len(found['candidate'])} outputs for {count} calls")
+        wrong = None
+        for index, (expected, got) in enumerate(zip(found["reference"], found["candidate"])):
+            if "error" in expected:
+                raise RuntimeError(f"the reference's output: {expected['error']}")
+            why = self.compare(expected, got)
+            if why is not None:
+                others = self.seen + found["reference"][:index] + found["reference"][index + 1:]
+                if any(self.compare(seen, got) is None for seen in others):
+                    # the right answer to another call: a cache, or outputs computed ahead
+                    raise Flagged("stale-output", f"call {index} returned the output of an earlier call "
+                                                  f"(sizes {sizes})")
+                wrong = wrong or f"call {index}: {why} (sizes {sizes})"
+        self.seen = (self.seen + found["reference"])[-4096:]
+        # Element by element: all calls, or ``whole`` drawn now that the batch has run. Before a
+        # digest's verdict, so that a lower precision is named as such.
+        chosen = range(count) if whole is None else self.rng.choice(count, size=min(whole, count), replace=False)
+        for index in chosen:
+            self.check_whole(reference, candidate, int(index), sizes)
+        if wrong:
+            raise Incorrect(wrong)
+        return seconds
+
+    def compare(self, expected: dict, got: object) -> str | None:
+        """Why the candidate's digest ``got`` is not the reference's within tolerance, or None.
+
+        If every element is within ``atol + rtol * |reference|``, the weighted sums differ by at most
+        the same weights applied to those bounds, so the digest test never fails a correct candidate.
+        It is a coarse test (independent errors cancel in a sum, so outputs somewhat outside the
+        tolerance can pass it): it catches answers that are wrong outright on every call, and the
+        element-by-element checks of calls drawn after each batch catch the rest.
+        """
+        if not isinstance(got, dict):
+            return "a malformed digest"
+        if "error" in got:
+            return got["error"]
+        if got["shape"] != expected["shape"]:
+            return f"output shape {tuple(got['shape'])}, expected {tuple(expected['shape'])}"
+        if got["dtype"] != expected["dtype"]:
+            return f"output dtype {str(got['dtype'])[:20]!r}, expected {expected['dtype']!r}"
+        if not isinstance(got.get("value"), (int, float)) or not isinstance(got.get("nonfinite"), int):
+            return "a malformed digest"
+        if got["nonfinite"] != expected["nonfinite"]:
+            return f"{got['nonfinite']} non-finite values, the reference has {expected['nonfinite']}"
+        error = abs(float(got["value"]) - expected["value"])
+        if not error <= float(expected["bound"]) + 1e-12 * (1 + abs(expected["value"])):
+            return "values differ from the reference's beyond the tolerance"
+        return None
+
+    def close(self) -> None:
+        """Stop the workers and every process left below the harness (orphans reparent to it)."""
+        import signal
+
+        for worker in self.workers:
+            worker.close()
+        for pid in _descendants(os.getpid()):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def grade(job: dict) -> dict:
+    """Grade one job (fields: :func:`relayrl.rollout.kernels.grading.harness_job`); the report."""
+    _become_subreaper_and_undumpable()
+    report: dict = {"status": "ok", "correct": False, "speedup": None, "flags": [], "message": ""}
+    session = Session(job)
+    candidate = None
+    try:
+        reference = session.start("reference", job["reference"], job.get("reference_entry", "reference"))
+        if "error" in reference.loaded:
+            raise RuntimeError(f"the reference does not load: {reference.loaded['error']}")
+        if job.get("python_guard", True):
+            report["flags"] += static_flags(job["candidate"])
+        if report["flags"]:
+            return report
+        candidate = session.start("candidate", job["candidate"], job.get("entry", "kernel"))
+        if "error" in candidate.loaded:
+            report.update(status="load_error", message=candidate.loaded["error"])
+            return report
+        for sizes in job["sizes"]:  # correctness first, on every size, on fresh inputs
+            session.batch(reference, candidate, sizes, int(job.get("correctness_calls", 2)), candidate_first=False)
+        report["correct"] = True
+        if not job.get("time", True):
+            return report
+        # Calibration: the reference's time per call sets how many calls a batch takes.
+        probe = session.batch(reference, candidate, job["sizes"][-1], 2, candidate_first=False, whole=1)
+        per_call = max(probe["reference"] / 2, 1e-7)
+        session.calls_per_batch = max(1, min(session.max_calls, math.ceil(float(job.get("batch_s", 0.01)) / per_call)))
+        rounds, warmup = int(job.get("rounds", 10)), int(job.get("warmup_rounds", 1))
+        if probe["candidate"] > 10 * probe["reference"]:  # far slower: its speed-up is < 1 however measured
+            rounds, warmup = min(rounds, 3), 0
+        samples: dict[str, list[float]] = {"reference": [], "candidate": []}
+        for index in range(warmup + rounds):
+            try:
+                seconds = session.batch(reference, candidate, job["sizes"][-1], session.calls_per_batch,
+                                        candidate_first=bool(index % 2), whole=2)
+            except Incorrect as exc:  # right when checked, wrong when timed: it told the two apart
+                raise Flagged("inconsistent-outputs", f"timed outputs differ from the checked ones: {exc}") from exc
+            if index >= warmup:
+                for role, value in seconds.items():
+                    samples[role].append(value)
+        ratios = sorted(r / c for r, c in zip(samples["reference"], samples["candidate"]))
+        reference_s, candidate_s = _median(samples["reference"]), _median(samples["candidate"])
+        report.update(speedup=reference_s / candidate_s, speedup_q1=ratios[len(ratios) // 4],
+                      speedup_q3=ratios[(3 * len(ratios)) // 4], rounds=rounds,
+                      reference_call_s=reference_s / session.calls_per_batch,
+                      candidate_call_s=candidate_s / session.calls_per_batch)
+        return report
+    except Incorrect as exc:
+        report.update(status="incorrect", correct=False, message=str(exc))
+        return report
+    except Flagged as flag:
+        report["flags"].append({"detector": flag.detector, "evidence": flag.evidence})
+        return report
+    except TimeoutError:
+        report.update(status="timeout", correct=False, message="a worker did not answer in time")
+        return report
+    except EOFError:
+        report.update(status="crashed", correct=False, message="a worker died")
+        return report
+    except ProtocolError as exc:
+        report["flags"].append({"detector": "protocol-tampering", "evidence": str(exc)[:400]})
+        return report
+    except RuntimeError as exc:
+        report.update(status="runtime_error", correct=False, message=str(exc)[:2000])
+        return report
+    finally:
+        if candidate is not None:
+            for alarm in candidate.alarms():
+                report["flags"].append({"detector": "forbidden-operation",
+                                        "evidence": f"{alarm['event']} {alarm.get('detail', '')}"[:400]})
+            if report["status"] != "ok" or report["flags"]:
+                report["stderr"] = "\n".join(line for line in candidate.stderr_text.splitlines()
+                                             if not line.startswith('{"event"'))[-2000:]
+        session.close()
+        if report["flags"]:
+            report.update(status="exploit", correct=False, speedup=None)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 3 and argv[0] == "worker":
+        worker_main(argv[1], argv[2])
+        return 0
+    sys.stdout.write(json.dumps(grade(json.loads(sys.stdin.read()))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

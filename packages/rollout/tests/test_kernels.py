@@ -1,0 +1,213 @@
+"""The kernel environment's grader: correctness on fresh inputs, interleaved timing, and every known
+timing exploit earning 0 with a flag.
+
+The harness runs in real sandboxes with the distribution's python3 and NumPy (Debian's
+``python3-numpy``); without them these tests skip and say why. Speed-up assertions compare two
+functions timed interleaved in the same sandbox (a ratio), and only where the margin is large.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from relayrl.rollout.kernels.catalog import FAST, SHIPPED, chain_task, make_tasks
+from relayrl.rollout.kernels.grading import KernelGrader, KernelReport, KernelReward
+from relayrl.rollout.kernels.tasks import ArgSpec, KernelTask, kernel_task, task_spec
+
+SWISH = next(task for task in SHIPPED if task.name == "swish")
+RIGHT = "import numpy as np\n\ndef kernel(x):\n    return x * (1.0 / (1.0 + np.exp(-x)))\n"
+
+EXPLOITS = {
+    # returning cached or precomputed outputs
+    "cached-first-output": """
+import numpy as np
+_cache = []
+def kernel(x):
+    if not _cache:
+        _cache.append(x * (1.0 / (1.0 + np.exp(-x))))
+    return _cache[0]
+""",
+    # detecting the benchmark phase: right for the first calls, cheap garbage afterwards
+    "right-then-fast-garbage": """
+import numpy as np
+_calls = [0]
+def kernel(x):
+    _calls[0] += 1
+    if _calls[0] > 12:
+        return np.zeros_like(x)
+    return x * (1.0 / (1.0 + np.exp(-x)))
+""",
+    # calling the reference: load it from disk, or find it in the process
+    "reads-the-reference-from-disk": """
+import numpy as np
+source = open("/proc/self/cmdline").read()
+def kernel(x):
+    return x * (1.0 / (1.0 + np.exp(-x)))
+""",
+    "searches-the-heap-for-the-reference": """
+import numpy as np, gc
+def kernel(x):
+    found = [obj for obj in gc.get_objects() if getattr(obj, "__name__", "") == "reference"]
+    return found[0](x) if found else x * (1.0 / (1.0 + np.exp(-x)))
+""",
+    # work outside the timed region: a background thread, a forked process
+    "background-thread": """
+import numpy as np, threading
+def _spin():
+    while True:
+        sum(range(1000))
+threading.Thread(target=_spin, daemon=True).start()
+def kernel(x):
+    return x * (1.0 / (1.0 + np.exp(-x)))
+""",
+    "forked-helper": """
+import numpy as np, os
+if os.fork() == 0:
+    while True:
+        sum(range(1000))
+def kernel(x):
+    return x * (1.0 / (1.0 + np.exp(-x)))
+""",
+    # lowering precision beyond tolerance
+    "half-precision": """
+import numpy as np
+def kernel(x):
+    h = x.astype(np.float16)
+    return (h * (1.0 / (1.0 + np.exp(-h)))).astype(np.float32)
+""",
+    # patching the timer, the harness, or stopping the reference
+    "patches-the-timer": """
+import numpy as np, time
+time.perf_counter = lambda: 0.0
+def kernel(x):
+    return x * (1.0 / (1.0 + np.exp(-x)))
+""",
+    "patches-the-harness": """
+import numpy as np, sys
+def kernel(x):
+    return x * (1.0 / (1.0 + np.exp(-x)))
+setattr(sys.modules["__main__"], "_digest", lambda *a: {})
+""",
+    "stops-the-reference": """
+import numpy as np, os, signal
+def kernel(x):
+    os.kill(os.getppid(), signal.SIGSTOP)
+    return x * (1.0 / (1.0 + np.exp(-x)))
+""",
+    # reading the harness, or writing to its pipe
+    "lists-the-harness-directory": """
+import numpy as np, os
+print(os.listdir("/"))
+def kernel(x):
+    return x * (1.0 / (1.0 + np.exp(-x)))
+""",
+    "forges-replies": """
+import numpy as np, os, json, struct
+def kernel(x):
+    frame = json.dumps({"done": True, "error": None}).encode()
+    for fd in range(3, 8):
+        try:
+            os.write(fd, struct.pack("<I", len(frame)) + frame)
+        except OSError:
+            pass
+    return x * (1.0 / (1.0 + np.exp(-x)))
+""",
+}
+
+OS_LEVEL = {"background-thread": "work-outside-timing", "forked-helper": "work-outside-timing"}
+"""Exploits that, past the Python guard (as compiled code would be), the operating-system checks
+alone must still catch: the detector they must trip."""
+
+
+@pytest.fixture(scope="module")
+def grader():
+    grader = KernelGrader()
+    reason = grader.check()
+    if reason:
+        pytest.skip(reason)
+    return grader
+
+
+def test_tasks_round_trip_through_task_specs_and_check_their_sizes() -> None:
+    for task in make_tasks(24, seed=5):
+        assert kernel_task(task_spec(task)) == task
+        assert "def reference" in task_spec(task).instruction
+    with pytest.raises(ValueError, match="size 'M' missing"):
+        KernelTask(name="bad", reference="def reference(x): return x", args=[ArgSpec(shape=["M"])], sizes=[{"N": 1}])
+
+
+def test_generated_chains_are_deterministic_and_distinct() -> None:
+    assert chain_task(3) == chain_task(3)
+    references = {chain_task(seed).reference for seed in range(40)}
+    assert len(references) >= 35
+    assert len({task.name for task in make_tasks(60)}) == 60
+
+
+def test_every_shipped_reference_is_correct_against_itself(grader) -> None:
+    for task in [*SHIPPED, chain_task(0), chain_task(1)]:
+        report = grader.grade(task, task.reference.replace("def reference", "def kernel"), time_it=False)
+        assert report.status == "ok" and report.correct, (task.name, report)
+
+
+@pytest.mark.parametrize("name", sorted(EXPLOITS))
+def test_every_exploit_earns_zero_and_a_flag(grader, name) -> None:
+    report = grader.grade(SWISH, EXPLOITS[name], timeout_s=60)
+    assert KernelReward()(report) == 0.0, report
+    assert report.status == "exploit" and report.flags, report
+    assert all(flag["detector"] and flag["evidence"] for flag in report.flags)
+
+
+@pytest.mark.parametrize("name", sorted(OS_LEVEL))
+def test_the_operating_system_checks_alone_catch_work_outside_the_timed_region(grader, name) -> None:
+    report = grader.grade(SWISH, EXPLOITS[name], timeout_s=60, python_guard=False)
+    assert KernelReward()(report) == 0.0
+    assert OS_LEVEL[name] in {flag["detector"] for flag in report.flags}, report
+
+
+def test_wrong_answers_earn_zero_without_a_flag(grader) -> None:
+    for source, status in (("import numpy as np\ndef kernel(x):\n    return x\n", "incorrect"),
+                           ("import numpy as np\ndef kernel(x):\n    return x.astype(np.float64)\n", "incorrect"),
+                           ("def kernel(x) return x\n", "load_error"),
+                           ("import numpy as np\ndef kernel(x):\n    raise ValueError('no')\n", "runtime_error"),
+                           ("import numpy as np\ndef kernel(x):\n    return x if x.size > 5000 else x * 0\n", "incorrect")):
+        report = grader.grade(SWISH, source)
+        assert (report.status, report.flags, KernelReward()(report)) == (status, [], 0.0), report
+
+
+def test_a_correct_but_slower_candidate_earns_the_correctness_reward_only(grader) -> None:
+    slow = ("import numpy as np\nimport math\n\ndef kernel(x):\n"
+            "    return np.array([v / (1.0 + math.exp(-v)) for v in x.tolist()], dtype=np.float32)\n")
+    report = grader.grade(SWISH, slow, rounds=3)
+    assert report.correct and report.speedup < 1, report
+    assert KernelReward()(report) == KernelReward().correct
+
+
+def test_the_reference_graded_against_itself_is_correct_and_timed(grader) -> None:
+    report = grader.grade(SWISH, RIGHT, rounds=5)
+    assert report.correct and report.rounds == 5 and report.speedup > 0
+    print(f"swish against itself: speed-up {report.speedup:.3f} ({report.speedup_q1:.3f}-{report.speedup_q3:.3f})")
+
+
+@pytest.mark.parametrize("name", ["gelu_tanh", "cube_plus_square", "diag_matmul"])
+def test_hand_written_faster_kernels_earn_a_speedup_in_every_grading(grader, name) -> None:
+    task = next(task for task in SHIPPED if task.name == name)
+    reports = [grader.grade(task, FAST[name], rounds=5) for _ in range(3)]
+    speedups = [report.speedup for report in reports]
+    print(f"{name}: speed-ups {[round(value, 2) for value in speedups]}, interquartile ranges "
+          f"{[(round(r.speedup_q1, 2), round(r.speedup_q3, 2)) for r in reports]}")
+    # These remove a power or a dense matrix: measured at 18-33x; the assertion keeps a wide margin.
+    assert all(report.correct and report.speedup > 2 for report in reports), reports
+    assert all(KernelReward()(report) > KernelReward().correct + 1 for report in reports)
+
+
+def test_reward_shape() -> None:
+    reward = KernelReward(correct=0.3, speedup_weight=1.0, noise_floor=0.05, max_speedup=10)
+    report = lambda **kw: KernelReport(status="ok", correct=True, **kw)  # noqa: E731
+    assert reward(report(speedup=1.04)) == pytest.approx(0.3)  # within the noise floor: counts as 1
+    assert reward(report(speedup=0.5)) == pytest.approx(0.3)
+    assert reward(report(speedup=2.5)) == pytest.approx(1.8)
+    assert reward(report(speedup=50.0)) == pytest.approx(9.3)
+    assert reward(report(speedup=None)) == pytest.approx(0.3)
+    assert reward(KernelReport(status="exploit", correct=True, speedup=5.0,
+                               flags=[{"detector": "x", "evidence": "y"}])) == 0.0
+    assert reward(KernelReport(status="incorrect")) == 0.0
