@@ -188,3 +188,8 @@ def test_engine_paths_quick_mode_runs_both_serving_paths_or_says_what_is_missing
         pytest.skip("vLLM or the Dynamo runtime is not installed: engine_paths.py measured nothing")
     assert "| torch engine | 0 |" in out and "| vLLM + Dynamo | 0 |" in out
     assert "vLLM + Dynamo / torch engine, groups graded per second" in out
+
+
+def test_kernel_grader_benchmark_quick_mode_runs():
+    out = run_quick("kernel_grader.py")
+    assert "median speed-up" in out or "skipped:" in out

@@ -8,11 +8,17 @@ functions timed interleaved in the same sandbox (a ratio), and only where the ma
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
+from relayrl.core.wire import ToolCall
 from relayrl.rollout.kernels.catalog import FAST, SHIPPED, chain_task, make_tasks
+from relayrl.rollout.kernels.environment import KernelConfig, KernelEnvironment
 from relayrl.rollout.kernels.grading import KernelGrader, KernelReport, KernelReward
 from relayrl.rollout.kernels.tasks import ArgSpec, KernelTask, kernel_task, task_spec
+from relayrl.rollout.testing import EnvironmentTests
+from relayrl.rollout.testing.environment_tests import answered
 
 SWISH = next(task for task in SHIPPED if task.name == "swish")
 RIGHT = "import numpy as np\n\ndef kernel(x):\n    return x * (1.0 / (1.0 + np.exp(-x)))\n"
@@ -211,3 +217,55 @@ def test_reward_shape() -> None:
     assert reward(KernelReport(status="exploit", correct=True, speedup=5.0,
                                flags=[{"detector": "x", "evidence": "y"}])) == 0.0
     assert reward(KernelReport(status="incorrect")) == 0.0
+
+
+# ------------------------------------------------------------------------------------ environment
+class TestKernelEnvironment(EnvironmentTests):
+    @pytest.fixture
+    def environment(self, grader):
+        return KernelEnvironment(KernelConfig(tasks=20, eval_tasks=5, feedback_rounds=1, grading_rounds=2))
+
+    def reference_answer(self, environment, task):
+        return "", kernel_task(task).reference.replace("def reference", "def kernel")
+
+
+def test_submit_grades_each_candidate_and_the_last_is_the_answer(grader) -> None:
+    environment = KernelEnvironment(KernelConfig(tasks=3, feedback_rounds=1, max_submissions=3))
+    task = next(spec for spec in environment.tasks() if spec.task_id == "cube_plus_square")
+
+    async def episode():
+        async with environment.tools(task) as tools:
+            calls = [ToolCall(id="1", name="submit", arguments={"code": "def kernel(x) return x"}),
+                     ToolCall(id="2", name="submit", arguments={"code": FAST["cube_plus_square"]}),
+                     ToolCall(id="3", name="submit", arguments={}),
+                     ToolCall(id="4", name="read_file", arguments={"path": "x"})]
+            results = await tools.execute(calls)
+            more = await tools.execute([ToolCall(id=str(i), name="submit", arguments={"code": "x"}) for i in (5, 6)])
+            return results, more, tools.final_answer()
+
+    results, more, answer = asyncio.run(episode())
+    assert results[0].output.startswith("load_error: SyntaxError") and results[0].exit_status == 1
+    assert results[1].output.startswith("correct; speed-up") and results[1].wall_time_s > 0
+    assert "submit takes" in results[2].error and "unknown tool" in results[3].error
+    assert more[0].error is None and "no more submissions" in more[1].error  # 3 submissions per episode
+    assert answer == "x"
+
+
+def test_an_exploit_in_the_final_answer_is_zero_and_its_evidence_kept(grader) -> None:
+    environment = KernelEnvironment(KernelConfig(tasks=20, grading_rounds=2))
+    task = next(spec for spec in environment.tasks() if spec.task_id == "swish")
+    group = [answered(task, "", index) for index in range(2)]
+    graded = asyncio.run(environment.grade(task, group, [RIGHT, EXPLOITS["patches-the-timer"]]))
+    assert graded[0].reward >= KernelConfig().correct and not graded[0].cheating
+    assert graded[1].reward == 0.0 and graded[1].cheating[0].detector == "kernel-patches-module"
+    assert "time.perf_counter" in graded[1].cheating[0].evidence
+    assert environment.metrics()["kernels/flagged"] == 1.0
+
+
+def test_bad_options_are_rejected_with_their_dotted_key() -> None:
+    from relayrl.core.config import ConfigError
+
+    for options, key in (({"grading_rounds": 0}, "grading_rounds"), ({"max_submissions": 0}, "max_submissions"),
+                         ({"noise_floor": 1.5}, "rollout.environment_options")):
+        with pytest.raises(ConfigError, match=key):
+            KernelConfig(**options).check(None, "rollout.environment_options")

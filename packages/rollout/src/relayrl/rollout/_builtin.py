@@ -65,12 +65,16 @@ def relayrl_rollout_harnesses() -> Iterator[Registration[HarnessFactory]]:
 def relayrl_rollout_environments() -> Iterator[Registration[EnvironmentFactory]]:
     from relayrl.rollout.countdown import CountdownEnvironment
     from relayrl.rollout.environments import CodeEnvironment
+    from relayrl.rollout.kernels.environment import KernelEnvironment
     from relayrl.rollout.search import CodeSearchEnvironment
 
     yield Registration("countdown", CountdownEnvironment, "countdown-lite arithmetic, answers graded in the sandbox", config=CountdownEnvironment.Config)
     yield Registration("code", CodeEnvironment, "the shipped bug-fix tasks: agent tools and hidden tests in sandboxes", config=CodeEnvironment.Config)
     yield Registration("code-search", CodeSearchEnvironment,
                        "generated repositories: find files with search tools in sandboxes, F1 graded in a sandbox", config=CodeSearchEnvironment.Config)
+    yield Registration("kernels", KernelEnvironment,
+                       "faster NumPy kernels: correctness on fresh inputs and interleaved timing in sandboxes, "
+                       "timing exploits flagged", config=KernelEnvironment.Config)
 
 
 @hookimpl

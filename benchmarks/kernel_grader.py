@@ -1,0 +1,80 @@
+"""The kernel grader's timing: is it unbiased, how noisy is it, and what do faster kernels earn?
+
+For every shipped task, the reference is graded against itself (a candidate identical to the
+reference: the honest answer is a speed-up of 1); for the tasks with a hand-written faster candidate
+(``FAST`` in ``relayrl.rollout.kernels.catalog``), that candidate is graded too. Each grading is
+repeated; the table prints the median speed-up over repeats, its range, and the interquartile range
+of per-round ratios inside one grading. Everything runs in the real sandbox and harness, timed
+interleaved on one core: the numbers are ratios measured in the same sandbox, never absolute times.
+
+    python benchmarks/kernel_grader.py            # every shipped task, 3 gradings each, 10 rounds
+    python benchmarks/kernel_grader.py --quick    # 3 tasks, 1 grading, 3 rounds (a CI smoke run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import command_line, commit, write_results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=10)
+    args = parser.parse_args()
+    from relayrl.rollout.kernels.catalog import FAST, SHIPPED
+    from relayrl.rollout.kernels.grading import KernelGrader
+
+    grader = KernelGrader()
+    reason = grader.check()
+    if reason:
+        print(f"kernel_grader: skipped: {reason}")
+        return 0
+    tasks = [task for task in SHIPPED if task.name in ("swish", "gelu_tanh", "diag_matmul")] if args.quick else SHIPPED
+    repeats, rounds = (1, 3) if args.quick else (args.repeats, args.rounds)
+    revision = commit()
+    lines = [f"Each task graded {repeats} time(s), {rounds} timing rounds per grading, in this machine's default "
+             f"sandbox with the distribution's NumPy. *Median* is over gradings; *range* is the "
+             f"lowest and highest grading; *IQR* is the interquartile range of per-round ratios within the "
+             f"first grading.", "",
+             "| task | candidate | median speed-up | range over gradings | IQR within a grading |",
+             "|---|---|---:|---:|---:|"]
+    data: dict[str, dict[str, list[float]]] = {}
+    self_ratios = []
+    for task in tasks:
+        candidates = {"the reference itself": task.reference.replace("def reference", "def kernel")}
+        if task.name in FAST:
+            candidates["hand-written (FAST)"] = FAST[task.name]
+        for label, source in candidates.items():
+            reports = [grader.grade(task, source, rounds=rounds) for _ in range(repeats)]
+            bad = [report for report in reports if not report.correct]
+            if bad:
+                print(f"{task.name} / {label}: {bad[0].status}: {bad[0].message}")
+                return 1
+            speedups = [report.speedup for report in reports]
+            data.setdefault(task.name, {})[label] = speedups
+            if label == "the reference itself":
+                self_ratios += speedups
+            first = reports[0]
+            lines.append(f"| {task.name} | {label} | {statistics.median(speedups):.2f} | "
+                         f"{min(speedups):.2f}-{max(speedups):.2f} | {first.speedup_q1:.2f}-{first.speedup_q3:.2f} |")
+            print(lines[-1], flush=True)
+    lines += ["", f"The reference against itself over all {len(self_ratios)} gradings: median "
+                  f"{statistics.median(self_ratios):.3f}, range {min(self_ratios):.3f}-{max(self_ratios):.3f} "
+                  "(an unbiased grader centres on 1; the reward's noise floor is ±0.05)."]
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        path = write_results("kernel_grader", command=command_line(), markdown=markdown, data=data, revision=revision)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

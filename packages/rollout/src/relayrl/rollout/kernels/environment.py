@@ -1,0 +1,177 @@
+"""Environment ``kernels``: write a faster implementation of a reference function, multi-turn.
+
+Each task shows a NumPy reference (:mod:`relayrl.rollout.kernels.catalog`) and asks for ``kernel``
+with the same semantics, faster. The agent's one tool, ``submit`` (``{"code": SOURCE}``), grades a
+candidate in a sandbox and returns what Kevin's environment returned: load (compile) errors,
+correctness on fresh inputs, the measured speed-up, or why it was rejected. The episode's answer
+is the last submitted candidate; the final grade runs the same harness again, with more timing
+rounds and inputs the candidate never saw, and sets the reward (:class:`KernelReward`). Any exploit
+flag zeroes it and is kept on the trajectory with its evidence.
+
+Gradings are serialised within a process (a lock): concurrent timings on one core would only add
+noise to both sides of every ratio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import string
+import threading
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+
+from relayrl.core.config import ConfigError, Section
+from relayrl.core.wire import CheatingFlag, TaskSpec, ToolCall, ToolResult, Trajectory
+from relayrl.rollout.hookspecs import Environment
+from relayrl.rollout.kernels.catalog import chain_task, make_tasks
+from relayrl.rollout.kernels.grading import KernelGrader, KernelReport, KernelReward
+from relayrl.rollout.kernels.tasks import kernel_task, task_spec
+
+__all__ = ["ALPHABET", "SPECIALS", "KernelConfig", "KernelEnvironment", "KernelTools"]
+
+ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n\t"
+SPECIALS = ("<tool_call>", "</tool_call>", '{"name": "', '", "arguments": {', '"code": "', '"}}', "submit",
+            "import numpy as np", "def kernel(", "return ", "np.", "\\n", "    ", " correct; speed-up ")
+"""Markup and frequent code a fresh model's character tokenizer keeps whole."""
+
+
+class KernelConfig(Section, kw_only=True):
+    """Options of the ``kernels`` environment (``[rollout.environment_options]``)."""
+
+    tasks: int = 200
+    """Training tasks: the shipped ones, then generated chains of elementwise operations."""
+    eval_tasks: int = 40
+    """Held-out tasks: generated chains from a stream of their own."""
+    seed: int = 0
+    feedback_rounds: int = 3
+    """Timing rounds of a ``submit`` (the agent's feedback): fewer than the final grade's."""
+    grading_rounds: int = 10
+    """Timing rounds of the final grade (the reward)."""
+    timeout_s: float = 60.0
+    """Wall-clock limit of one grading; a candidate that takes longer is graded ``timeout``."""
+    max_submissions: int = 8
+    """``submit`` calls per episode; later ones are refused (the grader's time is the budget)."""
+    correct: float = 0.3
+    speedup_weight: float = 1.0
+    noise_floor: float = 0.05
+    max_speedup: float = 10.0
+    python: str = "python3"
+    """The interpreter inside the sandbox (it needs NumPy: the distribution's ``python3-numpy``)."""
+
+    def check(self, pm: object, path: str) -> None:
+        for key in ("tasks", "feedback_rounds", "grading_rounds", "max_submissions"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{path}.{key}: must be at least 1, got {getattr(self, key)}")
+        if self.eval_tasks < 0 or not self.timeout_s > 0:
+            raise ConfigError(f"{path}: eval_tasks must be >= 0 and timeout_s > 0")
+        if self.correct < 0 or self.speedup_weight < 0 or not 0 <= self.noise_floor < 1 or self.max_speedup < 1:
+            raise ConfigError(f"{path}: reward shape needs correct >= 0, speedup_weight >= 0, "
+                              f"0 <= noise_floor < 1, max_speedup >= 1")
+
+    def reward(self) -> KernelReward:
+        return KernelReward(correct=self.correct, speedup_weight=self.speedup_weight, noise_floor=self.noise_floor,
+                            max_speedup=self.max_speedup)
+
+
+class KernelTools:
+    """One episode's tool: ``submit`` grades a candidate and answers with the grader's feedback."""
+
+    tool_names: Sequence[str] = ("submit",)
+
+    def __init__(self, environment: KernelEnvironment, task: TaskSpec) -> None:
+        self.environment = environment
+        self.task = kernel_task(task)
+        self.submissions: list[str] = []
+
+    def final_answer(self) -> str:
+        return self.submissions[-1] if self.submissions else ""
+
+    async def execute(self, calls: Sequence[ToolCall]) -> list[ToolResult]:
+        return [await self._one(call) for call in calls]  # gradings are serial anyway (one timing core)
+
+    async def _one(self, call: ToolCall) -> ToolResult:
+        code = call.arguments.get("code") if isinstance(call.arguments, dict) else None
+        if call.name != "submit":
+            return ToolResult(call_id=call.id, exit_status=1, error=f"unknown tool {call.name!r} (the tool is submit)")
+        if not isinstance(code, str) or not code.strip():
+            return ToolResult(call_id=call.id, exit_status=1, error='submit takes {"code": "<python source>"}')
+        if len(self.submissions) >= self.environment.config.max_submissions:
+            return ToolResult(call_id=call.id, exit_status=1,
+                              error=f"no more submissions ({self.environment.config.max_submissions} per episode)")
+        self.submissions.append(code)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        report = await asyncio.to_thread(self.environment.grade_candidate, self.task, code,
+                                         self.environment.config.feedback_rounds)
+        return ToolResult(call_id=call.id, output=report.feedback(), exit_status=0 if report.correct else 1,
+                          wall_time_s=loop.time() - started)
+
+
+class KernelEnvironment(Environment):
+    """Environment ``kernels`` (see the module docstring)."""
+
+    Config = KernelConfig
+    alphabet = ALPHABET
+    specials = SPECIALS
+
+    def __init__(self, config: KernelConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
+        self.config = config or KernelConfig()
+        self.grader = KernelGrader(section=sandbox, pm=pm, python=self.config.python)
+        self.reward = self.config.reward()
+        self._lock = threading.Lock()
+        self.counts = {"submissions": 0, "graded": 0, "correct": 0, "flagged": 0, "speedup_sum": 0.0}
+
+    def tasks(self) -> list[TaskSpec]:
+        return [task_spec(task) for task in make_tasks(self.config.tasks, seed=self.config.seed)]
+
+    def eval_tasks(self) -> list[TaskSpec]:
+        base = self.config.seed + 1_000_003
+        return [task_spec(chain_task(base + index), task_id=f"eval-chain-{base + index}")
+                for index in range(self.config.eval_tasks)]
+
+    @contextlib.asynccontextmanager
+    async def tools(self, task: TaskSpec) -> AsyncIterator[KernelTools]:
+        yield KernelTools(self, task)
+
+    def grade_candidate(self, task: Any, code: str, rounds: int) -> KernelReport:
+        """One grading, serialised with every other of this process (blocking)."""
+        with self._lock:
+            self.counts["submissions"] += 1
+            return self.grader.grade(task, code, rounds=rounds, timeout_s=self.config.timeout_s)
+
+    async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
+        kernel = kernel_task(task)
+        graded = []
+        for trajectory, answer in zip(trajectories, answers):
+            if not answer.strip():
+                graded.append(_rewarded(trajectory, 0.0, KernelReport(status="no_submission")))
+                continue
+            report = await asyncio.to_thread(self.grade_candidate, kernel, answer, self.config.grading_rounds)
+            reward = self.reward(report)
+            self.counts["graded"] += 1
+            self.counts["correct"] += int(report.correct)
+            self.counts["flagged"] += int(bool(report.flags))
+            if report.correct and report.speedup:
+                self.counts["speedup_sum"] += report.speedup
+            graded.append(_rewarded(trajectory, reward, report))
+        return graded
+
+    def metrics(self) -> dict[str, float]:
+        counts = self.counts
+        return {"kernels/submissions": float(counts["submissions"]), "kernels/graded": float(counts["graded"]),
+                "kernels/correct": float(counts["correct"]), "kernels/flagged": float(counts["flagged"]),
+                "kernels/mean_speedup_of_correct": counts["speedup_sum"] / counts["correct"] if counts["correct"] else 0.0}
+
+
+def _rewarded(trajectory: Trajectory, reward: float, report: KernelReport) -> Trajectory:
+    flags = [CheatingFlag(detector=f"kernel-{flag.get('detector', '?')}", evidence=str(flag.get("evidence", ""))[:2000])
+             for flag in report.flags]
+    components = {"correct": float(report.correct), "speedup": float(report.speedup or 0.0),
+                  "flagged": float(bool(flags))}
+    return msgspec.structs.replace(trajectory, reward=0.0 if flags else reward,
+                                   reward_components={**trajectory.reward_components, **components},
+                                   cheating=[*trajectory.cheating, *flags],
+                                   metrics={**trajectory.metrics, "kernel_status_ok": float(report.status == "ok")})
