@@ -160,13 +160,6 @@ import numpy as np
 def kernel(d, x):
     return d[:, None] * x
 """,
-    "mse": """
-import numpy as np
-
-def kernel(a, b):
-    d = a - b
-    return np.array([np.dot(d, d) / d.size], dtype=d.dtype)
-""",
 }
 """Hand-written faster candidates for some shipped tasks (what the tests grade as a speed-up)."""
 
