@@ -29,7 +29,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     from relayrl.rollout.kernels.catalog import FAST, SHIPPED
-    from relayrl.rollout.kernels.grading import KernelGrader
+    from relayrl.rollout.kernels.grading import KernelGrader, KernelReward
 
     grader = KernelGrader()
     reason = grader.check()
@@ -67,7 +67,8 @@ def main() -> int:
             print(lines[-1], flush=True)
     lines += ["", f"The reference against itself over all {len(self_ratios)} gradings: median "
                   f"{statistics.median(self_ratios):.3f}, range {min(self_ratios):.3f}-{max(self_ratios):.3f} "
-                  "(an unbiased grader centres on 1; the reward's noise floor is ±0.05)."]
+                  f"(an unbiased grader centres on 1; the reward counts a speed-up within "
+                  f"±{KernelReward().noise_floor} of 1 as exactly 1)."]
     markdown = "\n".join(lines)
     print(markdown)
     if not args.quick:

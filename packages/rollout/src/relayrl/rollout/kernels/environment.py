@@ -56,7 +56,7 @@ class KernelConfig(Section, kw_only=True):
     """``submit`` calls per episode; later ones are refused (the grader's time is the budget)."""
     correct: float = 0.3
     speedup_weight: float = 1.0
-    noise_floor: float = 0.05
+    noise_floor: float = 0.1
     max_speedup: float = 10.0
     python: str = "python3"
     """The interpreter inside the sandbox (it needs NumPy: the distribution's ``python3-numpy``)."""
