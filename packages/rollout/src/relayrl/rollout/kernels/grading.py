@@ -71,8 +71,8 @@ class KernelReward(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     correct: float = 0.3
     speedup_weight: float = 1.0
     noise_floor: float = 0.1
-    """A speed-up within ``1 ± noise_floor`` counts as exactly 1 (an identical candidate graded 54 times
-    on this machine kind ranged over about ±6%: benchmarks/kernel_grader.py)."""
+    """A speed-up within ``1 ± noise_floor`` counts as exactly 1: wider than the spread of an identical
+    candidate graded repeatedly (``benchmarks/kernel_grader.py``)."""
     max_speedup: float = 10.0
 
     def __call__(self, report: KernelReport) -> float:
