@@ -15,6 +15,7 @@ import pytest
 from relayrl.core.wire import ToolCall
 from relayrl.rollout.kernels.catalog import FAST, SHIPPED, chain_task, make_tasks
 from relayrl.rollout.kernels.environment import KernelConfig, KernelEnvironment
+from relayrl.rollout.kernels.expert import NotAChain, fused_chain, renamed_reference
 from relayrl.rollout.kernels.grading import KernelGrader, KernelReport, KernelReward
 from relayrl.rollout.kernels.tasks import ArgSpec, KernelTask, kernel_task, task_spec
 from relayrl.rollout.testing import EnvironmentTests
@@ -269,3 +270,33 @@ def test_bad_options_are_rejected_with_their_dotted_key() -> None:
                          ({"noise_floor": 1.5}, "rollout.environment_options")):
         with pytest.raises(ConfigError, match=key):
             KernelConfig(**options).check(None, "rollout.environment_options")
+
+
+# ------------------------------------------------------------------------------------ the expert
+def _run(source: str, name: str, args):
+    namespace: dict = {}
+    exec(source, namespace)  # the repository's own generated code, not a candidate's
+    return namespace[name](*args)
+
+
+def test_the_fused_chain_expert_computes_the_reference_without_touching_its_inputs() -> None:
+    np = pytest.importorskip("numpy")
+    for seed in range(200):
+        task = chain_task(seed)
+        fused = fused_chain(task.reference)
+        assert "**" not in fused
+        rng = np.random.default_rng(seed)
+        args = [rng.uniform(-2, 2, size=257).astype(np.float32) for _ in task.args]
+        before = [arg.copy() for arg in args]
+        with np.errstate(all="ignore"):
+            expected, got = _run(task.reference, "reference", args), _run(fused, "kernel", args)
+        assert all(np.array_equal(arg, kept) for arg, kept in zip(args, before)), task.reference
+        assert got.dtype == expected.dtype and np.allclose(got, expected, rtol=1e-4, atol=1e-4, equal_nan=True), (
+            task.reference, fused)
+
+
+def test_the_expert_refuses_what_is_not_a_chain() -> None:
+    for task in SHIPPED:  # none of them is a chain of one temporary per step
+        with pytest.raises(NotAChain):
+            fused_chain(task.reference)
+    assert renamed_reference(SWISH.reference).count("def kernel(") == 1

@@ -1,0 +1,102 @@
+"""A scripted kernel writer: faster candidates for generated chains, derived from the reference.
+
+A chain task's reference (:func:`relayrl.rollout.kernels.catalog.chain_task`) computes one
+temporary per operation. :func:`fused_chain` rewrites it the way a person would: one output buffer,
+allocated by the first operation, and every later operation applied in place with NumPy's ``out=``
+(no temporaries), with ``t ** 2`` and ``t ** 3`` as products (NumPy's float32 power is a general
+``pow``). The demonstrations of the supervised warm-up are played by this expert and by players that
+copy the reference (correct, no faster), so RL has something to prefer.
+"""
+
+from __future__ import annotations
+
+import ast
+
+__all__ = ["NotAChain", "fused_chain", "renamed_reference"]
+
+
+class NotAChain(ValueError):
+    """The reference is not a chain of the operations :func:`fused_chain` knows."""
+
+
+def renamed_reference(reference: str) -> str:
+    """The reference itself as a candidate: correct, and exactly as fast."""
+    return reference.replace("def reference(", "def kernel(", 1)
+
+
+def fused_chain(reference: str) -> str:
+    """A faster candidate for a chain reference (``NotAChain`` when the reference is something else)."""
+    function = _function(reference)
+    arguments = [argument.arg for argument in function.args.args]
+    lines = [f"def kernel({', '.join(arguments)}):"]
+    current: str | None = None  # the reference's name for the chain's value so far
+    *steps, last = function.body
+    for statement in steps:
+        if not (isinstance(statement, ast.Assign) and len(statement.targets) == 1
+                and isinstance(statement.targets[0], ast.Name)):
+            raise NotAChain(f"not an assignment to a name: {ast.unparse(statement)}")
+        names = {node.id for node in ast.walk(statement.value) if isinstance(node, ast.Name)} - {"np"}
+        allowed = set(arguments) if current is None else {current, *arguments[1:]}
+        if not names or not names <= allowed or (current is not None and current not in names):
+            raise NotAChain(f"not a step of one chain: {ast.unparse(statement)}")
+        lines += _step(statement.value, current)
+        current = statement.targets[0].id
+    if not (current and isinstance(last, ast.Return) and isinstance(last.value, ast.Name) and last.value.id == current):
+        raise NotAChain("the reference does not return its chain's last value")
+    lines.append("    return t")
+    return "import numpy as np\n\n" + "\n".join(lines) + "\n"
+
+
+def _function(reference: str) -> ast.FunctionDef:
+    tree = ast.parse(reference)
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "reference":
+            return node
+    raise NotAChain("no `reference` function")
+
+
+def _operand(node: ast.expr) -> tuple[str, str]:
+    """(the chain operand, the other operand's source) of a binary operation or two-argument call."""
+    if isinstance(node, ast.BinOp):
+        left, right = node.left, node.right
+    elif isinstance(node, ast.Call) and len(node.args) == 2:
+        left, right = node.args
+    else:
+        raise NotAChain(f"unexpected expression {ast.unparse(node)}")
+    return ast.unparse(left), ast.unparse(right)
+
+
+def _step(value: ast.expr, current: str | None) -> list[str]:
+    """The lines applying one operation to ``t`` (allocating it when ``current`` is None)."""
+    source = ast.unparse(value)
+    first = current is None
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and len(value.args) == 1:
+        name = value.func.attr  # np.tanh(v), np.abs(v)
+        argument = ast.unparse(value.args[0])
+        return [f"    t = np.{name}({argument})"] if first else [f"    np.{name}(t, out=t)"]
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and len(value.args) == 2:
+        name = value.func.attr  # np.maximum(v, c), np.minimum(v, c), np.maximum(v, y)
+        chain, other = _operand(value)
+        return [f"    t = np.{name}({chain}, {other})"] if first else [f"    np.{name}(t, {other}, out=t)"]
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Pow) and isinstance(value.right, ast.Constant):
+        base = ast.unparse(value.left)
+        if value.right.value == 2:
+            return [f"    t = {base} * {base}"] if first else ["    np.multiply(t, t, out=t)"]
+        if value.right.value == 3:
+            return [f"    t = {base} * {base}", f"    t *= {base}"] if first else \
+                ["    u = t * t", "    t *= u"]
+        raise NotAChain(f"unexpected power {source}")
+    if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div) and ast.unparse(value.left) == "1.0":
+        # 1.0 / (1.0 + np.exp(-v)): the sigmoid, in place
+        inner = value.right
+        if not (isinstance(inner, ast.BinOp) and isinstance(inner.right, ast.Call)
+                and isinstance(inner.right.args[0], ast.UnaryOp)):
+            raise NotAChain(f"unexpected division {source}")
+        argument = ast.unparse(inner.right.args[0].operand)
+        head = [f"    t = np.negative({argument})"] if first else ["    np.negative(t, out=t)"]
+        return [*head, "    np.exp(t, out=t)", "    t += 1.0", "    np.reciprocal(t, out=t)"]
+    if isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Add, ast.Sub, ast.Mult)):
+        symbol = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}[type(value.op)]
+        chain, other = _operand(value)
+        return [f"    t = {chain} {symbol} {other}"] if first else [f"    t {symbol}= {other}"]
+    raise NotAChain(f"unexpected operation {source}")
