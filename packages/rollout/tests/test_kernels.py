@@ -300,3 +300,35 @@ def test_the_expert_refuses_what_is_not_a_chain() -> None:
         with pytest.raises(NotAChain):
             fused_chain(task.reference)
     assert renamed_reference(SWISH.reference).count("def kernel(") == 1
+
+
+def test_demonstrations_play_their_style_through_the_real_tool(grader) -> None:
+    """Every style submits its plan through the harness and the real grader (each submission graded
+    correct), the refining style the copy and then the fused rewrite, and each ends with ``done``."""
+    from relayrl.rollout.agent import AgentConfig, CodingAgent
+    from relayrl.rollout.chat import CharTokenizer, RawChatFormat
+    from relayrl.rollout.kernels.environment import ALPHABET, SPECIALS
+
+    tokenizer = CharTokenizer(ALPHABET, specials=("<pad>", "<bos>", "<|end|>", *SPECIALS))
+    styles = {"fused": 1.0, "copy": 1.0, "copy-then-fused": 1.0}
+    environment = KernelEnvironment(KernelConfig(demonstrations=6, demonstration_styles=styles, feedback_rounds=2,
+                                                 grading_rounds=3))
+    harness = CodingAgent(AgentConfig(system_prompt="", max_turns=4, max_tokens_per_turn=600, max_total_tokens=2000,
+                                      context_limit=4000, compaction_prompt="compact:", summary_header="summary:",
+                                      show_tool_time=False))
+    tasks = environment.demonstration_tasks()
+    trajectories = asyncio.run(environment.demonstrate(harness=harness, chat=RawChatFormat(tokenizer),
+                                                       tokenizer=tokenizer))
+    for task, trajectory in zip(tasks, trajectories):
+        results = [result for segment in trajectory.segments for turn in segment.turns for result in turn.tool_results]
+        style = task.metadata["style"]
+        assert len(results) == (2 if style == "copy-then-fused" else 1), (style, results)
+        assert all(result.output.startswith("correct; speed-up") for result in results), results
+        texts = [turn.text for segment in trajectory.segments for turn in segment.turns if turn.role == "assistant"]
+        assert texts[-1] == "done"
+        submitted = [call.arguments["code"] for segment in trajectory.segments for turn in segment.turns
+                     for call in turn.tool_calls]
+        reference = kernel_task(task).reference
+        plan = {"fused": [fused_chain(reference)], "copy": [renamed_reference(reference)],
+                "copy-then-fused": [renamed_reference(reference), fused_chain(reference)]}[style]
+        assert submitted == plan  # so the episode's answer, the last submission, is the plan's last

@@ -10,12 +10,21 @@ flag zeroes it and is kept on the trajectory with its evidence.
 
 Gradings are serialised within a process (a lock): concurrent timings on one core would only add
 noise to both sides of every ratio.
+
+**Demonstrations** (the supervised warm-up) are played through the run's harness and the real
+``submit`` tool on generated chains of their own stream, in one of :data:`STYLES`: submit the
+fused rewrite (:func:`relayrl.rollout.kernels.expert.fused_chain`), submit the reference itself
+(correct, no faster), or submit the reference, read its speed-up of 1, then the fused rewrite (the
+multi-turn refinement the reward should come to prefer). Each then answers ``done``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import random
+import re
 import string
 import threading
 from collections.abc import AsyncIterator, Sequence
@@ -27,15 +36,20 @@ from relayrl.core.config import ConfigError, Section
 from relayrl.core.wire import CheatingFlag, TaskSpec, ToolCall, ToolResult, Trajectory
 from relayrl.rollout.hookspecs import Environment
 from relayrl.rollout.kernels.catalog import chain_task, make_tasks
+from relayrl.rollout.kernels.expert import fused_chain, renamed_reference
 from relayrl.rollout.kernels.grading import KernelGrader, KernelReport, KernelReward
 from relayrl.rollout.kernels.tasks import kernel_task, task_spec
 
-__all__ = ["ALPHABET", "SPECIALS", "KernelConfig", "KernelEnvironment", "KernelTools"]
+__all__ = ["ALPHABET", "SPECIALS", "STYLES", "KernelConfig", "KernelEnvironment", "KernelTools", "expert_reply"]
 
 ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n\t"
 SPECIALS = ("<tool_call>", "</tool_call>", '{"name": "', '", "arguments": {', '"code": "', '"}}', "submit",
             "import numpy as np", "def kernel(", "return ", "np.", "\\n", "    ", " correct; speed-up ")
 """Markup and frequent code a fresh model's character tokenizer keeps whole."""
+
+STYLES = ("fused", "copy", "copy-then-fused")
+"""How a demonstration plays (see the module docstring)."""
+DONE = "done"
 
 
 class KernelConfig(Section, kw_only=True):
@@ -43,6 +57,9 @@ class KernelConfig(Section, kw_only=True):
 
     tasks: int = 200
     """Training tasks: the shipped ones, then generated chains of elementwise operations."""
+    shipped: bool = True
+    """Whether training starts with the shipped tasks; false: generated chains only (the ones the
+    warm-up's expert can write a faster version of)."""
     eval_tasks: int = 40
     """Held-out tasks: generated chains from a stream of their own."""
     seed: int = 0
@@ -60,6 +77,11 @@ class KernelConfig(Section, kw_only=True):
     max_speedup: float = 10.0
     python: str = "python3"
     """The interpreter inside the sandbox (it needs NumPy: the distribution's ``python3-numpy``)."""
+    demonstrations: int = 200
+    """Trajectories the supervised warm-up trains on (played through the real ``submit``)."""
+    demonstration_styles: dict[str, float] = msgspec.field(
+        default_factory=lambda: {"fused": 0.4, "copy": 0.3, "copy-then-fused": 0.3})
+    """Weights of the demonstrations' :data:`STYLES`."""
 
     def check(self, pm: object, path: str) -> None:
         for key in ("tasks", "feedback_rounds", "grading_rounds", "max_submissions"):
@@ -67,6 +89,11 @@ class KernelConfig(Section, kw_only=True):
                 raise ConfigError(f"{path}.{key}: must be at least 1, got {getattr(self, key)}")
         if self.eval_tasks < 0 or not self.timeout_s > 0:
             raise ConfigError(f"{path}: eval_tasks must be >= 0 and timeout_s > 0")
+        styles = self.demonstration_styles
+        if sorted(set(styles) - set(STYLES)) or any(weight < 0 for weight in styles.values()) \
+                or sum(styles.values()) <= 0:
+            raise ConfigError(f"{path}.demonstration_styles: weights >= 0 with a positive sum over {list(STYLES)}, "
+                              f"got {styles}")
         if self.correct < 0 or self.speedup_weight < 0 or not 0 <= self.noise_floor < 1 or self.max_speedup < 1:
             raise ConfigError(f"{path}: reward shape needs correct >= 0, speedup_weight >= 0, "
                               f"0 <= noise_floor < 1, max_speedup >= 1")
@@ -125,7 +152,32 @@ class KernelEnvironment(Environment):
         self.counts = {"submissions": 0, "graded": 0, "correct": 0, "flagged": 0, "speedup_sum": 0.0}
 
     def tasks(self) -> list[TaskSpec]:
-        return [task_spec(task) for task in make_tasks(self.config.tasks, seed=self.config.seed)]
+        if self.config.shipped:
+            return [task_spec(task) for task in make_tasks(self.config.tasks, seed=self.config.seed)]
+        return [task_spec(chain_task(self.config.seed + index)) for index in range(self.config.tasks)]
+
+    def demonstration_tasks(self) -> list[TaskSpec]:
+        """Chains of a stream of their own (neither training nor held out), each with a drawn style."""
+        base = self.config.seed + 2_000_003
+        rng = random.Random(base)
+        styles, weights = zip(*self.config.demonstration_styles.items())
+        return [task_spec(chain_task(base + index), task_id=f"demo-chain-{base + index}",
+                          style=rng.choices(styles, weights)[0]) for index in range(self.config.demonstrations)]
+
+    async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
+        """:func:`expert_reply` on :meth:`demonstration_tasks`, through ``harness`` and the real tool."""
+        from relayrl.rollout.demonstrations import play_scripted
+
+        tasks = self.demonstration_tasks()
+        by_id = {task.task_id: task for task in tasks}
+        compaction_prompt, summary_header = harness.compaction_markers()
+
+        def reply(task_id: str, context: str) -> str:
+            return expert_reply(by_id[task_id], context, compaction_prompt=compaction_prompt,
+                                summary_header=summary_header)
+
+        return await play_scripted(tasks, reply, tools=self.tools, harness=harness, chat=chat, tokenizer=tokenizer,
+                                   concurrency=2)
 
     def eval_tasks(self) -> list[TaskSpec]:
         base = self.config.seed + 1_000_003
@@ -175,3 +227,27 @@ def _rewarded(trajectory: Trajectory, reward: float, report: KernelReport) -> Tr
                                    reward_components={**trajectory.reward_components, **components},
                                    cheating=[*trajectory.cheating, *flags],
                                    metrics={**trajectory.metrics, "kernel_status_ok": float(report.status == "ok")})
+
+
+_SUBMITTED = re.compile(r'"name": "submit"')
+
+
+def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summary_header: str) -> str:
+    """What a demonstration says next in ``context`` (the current segment's text, up to its turn):
+    the next candidate of its style's plan, ``done`` when none is left, and when asked to compact,
+    ``submitted N`` (a summary the next segment continues from)."""
+    from relayrl.rollout.demonstrations import asked_to_compact
+
+    reference = kernel_task(task).reference
+    plan = {"fused": [fused_chain(reference)], "copy": [renamed_reference(reference)],
+            "copy-then-fused": [renamed_reference(reference), fused_chain(reference)]}[task.metadata["style"]]
+    summary = context.split(summary_header, 1)[1] if summary_header and summary_header in context else ""
+    remembered = re.search(r"submitted (\d+)", summary)
+    submitted = (int(remembered.group(1)) if remembered else 0) + len(_SUBMITTED.findall(context.split(summary_header)[-1]
+                                                                                           if summary else context))
+    if asked_to_compact(context, compaction_prompt):
+        return f"submitted {submitted}"
+    if submitted >= len(plan):
+        return DONE
+    call = json.dumps({"name": "submit", "arguments": {"code": plan[submitted]}})
+    return f"<tool_call>{call}</tool_call>"
