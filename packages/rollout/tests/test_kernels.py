@@ -332,3 +332,12 @@ def test_demonstrations_play_their_style_through_the_real_tool(grader) -> None:
         plan = {"fused": [fused_chain(reference)], "copy": [renamed_reference(reference)],
                 "copy-then-fused": [renamed_reference(reference), fused_chain(reference)]}[style]
         assert submitted == plan  # so the episode's answer, the last submission, is the plan's last
+
+
+def test_identical_answers_in_a_group_are_graded_once(grader) -> None:
+    environment = KernelEnvironment(KernelConfig(tasks=20, grading_rounds=2))
+    task = next(spec for spec in environment.tasks() if spec.task_id == "swish")
+    group = [answered(task, "", index) for index in range(4)]
+    graded = asyncio.run(environment.grade(task, group, [RIGHT, RIGHT, "", RIGHT]))
+    assert environment.counts["submissions"] == 1 and environment.counts["graded"] == 3
+    assert graded[0].reward == graded[1].reward == graded[3].reward > 0 and graded[2].reward == 0

@@ -9,7 +9,7 @@ rounds and inputs the candidate never saw, and sets the reward (:class:`KernelRe
 flag zeroes it and is kept on the trajectory with its evidence.
 
 Gradings are serialised within a process (a lock): concurrent timings on one core would only add
-noise to both sides of every ratio.
+noise to both sides of every ratio. Identical answers within a group are graded once.
 
 **Demonstrations** (the supervised warm-up) are played through the run's harness and the real
 ``submit`` tool on generated chains of their own stream, in one of :data:`STYLES`: submit the
@@ -197,18 +197,21 @@ class KernelEnvironment(Environment):
     async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
         kernel = kernel_task(task)
         graded = []
+        reports: dict[str, KernelReport] = {}  # identical answers in a group are graded once
         for trajectory, answer in zip(trajectories, answers):
             if not answer.strip():
                 graded.append(_rewarded(trajectory, 0.0, KernelReport(status="no_submission")))
                 continue
-            report = await asyncio.to_thread(self.grade_candidate, kernel, answer, self.config.grading_rounds)
-            reward = self.reward(report)
+            if answer not in reports:
+                reports[answer] = await asyncio.to_thread(self.grade_candidate, kernel, answer,
+                                                          self.config.grading_rounds)
+            report = reports[answer]
             self.counts["graded"] += 1
             self.counts["correct"] += int(report.correct)
             self.counts["flagged"] += int(bool(report.flags))
             if report.correct and report.speedup:
                 self.counts["speedup_sum"] += report.speedup
-            graded.append(_rewarded(trajectory, reward, report))
+            graded.append(_rewarded(trajectory, self.reward(report), report))
         return graded
 
     def metrics(self) -> dict[str, float]:
