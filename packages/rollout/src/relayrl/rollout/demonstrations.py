@@ -17,7 +17,7 @@ from typing import Any
 from relayrl.core.wire import TaskSpec, Trajectory
 from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams, StreamEvent
 
-__all__ = ["Reply", "ScriptedEngine", "asked_to_compact", "play_scripted"]
+__all__ = ["Reply", "ScriptedEngine", "asked_to_compact", "play_expert", "play_scripted"]
 
 Reply = Callable[[str, str], str]
 """``reply(key, context)``: the next assistant message, given the current segment's text.
@@ -72,3 +72,19 @@ async def play_scripted(tasks: Sequence[TaskSpec], reply: Reply, *,
                                      group_id=group_id, sample_index=0)
 
     return list(await asyncio.gather(*(one(group_id, task) for group_id, task in zip(task_ids, tasks))))
+
+
+async def play_expert(tasks: Sequence[TaskSpec], expert: Callable[..., str], *,
+                      tools: Callable[[TaskSpec], AbstractAsyncContextManager[Any]], harness: Any, chat: Any,
+                      tokenizer: Any, concurrency: int = 16) -> list[Trajectory]:
+    """:func:`play_scripted` with an environment's expert ``expert(task, context, *, compaction_prompt,
+    summary_header)``, given the harness's compaction markers (an expert must answer a request to
+    compact with a summary it can continue from)."""
+    by_id = {task.task_id: task for task in tasks}
+    compaction_prompt, summary_header = harness.compaction_markers()
+
+    def reply(task_id: str, context: str) -> str:
+        return expert(by_id[task_id], context, compaction_prompt=compaction_prompt, summary_header=summary_header)
+
+    return await play_scripted(tasks, reply, tools=tools, harness=harness, chat=chat, tokenizer=tokenizer,
+                               concurrency=concurrency)

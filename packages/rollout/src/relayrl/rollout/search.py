@@ -48,7 +48,7 @@ import msgspec
 
 from relayrl.core.config import ConfigError, Section
 from relayrl.core.wire import TaskSpec, Trajectory
-from relayrl.rollout.demonstrations import asked_to_compact, play_scripted
+from relayrl.rollout.demonstrations import asked_to_compact, play_expert
 from relayrl.rollout.hookspecs import Environment
 
 __all__ = ["ALPHABET", "SPECIALS", "STYLES", "CodeSearchConfig", "CodeSearchEnvironment", "expert_reply", "make_tasks",
@@ -393,15 +393,8 @@ class CodeSearchEnvironment(Environment):
     # ------------------------------------------------------------------ demonstrations
     async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
         """:func:`expert_reply` on :meth:`demonstration_tasks`, through ``harness`` and real tools."""
-        tasks = self.demonstration_tasks()
-        by_id = {task.task_id: task for task in tasks}
-        compaction_prompt, summary_header = harness.compaction_markers()
-
-        def reply(task_id: str, context: str) -> str:
-            return expert_reply(by_id[task_id], context, compaction_prompt=compaction_prompt,
-                                summary_header=summary_header)
-
-        return await play_scripted(tasks, reply, tools=self.tools, harness=harness, chat=chat, tokenizer=tokenizer)
+        return await play_expert(self.demonstration_tasks(), expert_reply, tools=self.tools, harness=harness,
+                                 chat=chat, tokenizer=tokenizer)
 
 
 def final_answer(trajectory: Trajectory) -> str:

@@ -166,18 +166,11 @@ class KernelEnvironment(Environment):
 
     async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
         """:func:`expert_reply` on :meth:`demonstration_tasks`, through ``harness`` and the real tool."""
-        from relayrl.rollout.demonstrations import play_scripted
+        from relayrl.rollout.demonstrations import play_expert
 
-        tasks = self.demonstration_tasks()
-        by_id = {task.task_id: task for task in tasks}
-        compaction_prompt, summary_header = harness.compaction_markers()
-
-        def reply(task_id: str, context: str) -> str:
-            return expert_reply(by_id[task_id], context, compaction_prompt=compaction_prompt,
-                                summary_header=summary_header)
-
-        return await play_scripted(tasks, reply, tools=self.tools, harness=harness, chat=chat, tokenizer=tokenizer,
-                                   concurrency=2)
+        # Two at a time: every submission is graded, and gradings are serialised anyway.
+        return await play_expert(self.demonstration_tasks(), expert_reply, tools=self.tools, harness=harness,
+                                 chat=chat, tokenizer=tokenizer, concurrency=2)
 
     def eval_tasks(self) -> list[TaskSpec]:
         base = self.config.seed + 1_000_003
