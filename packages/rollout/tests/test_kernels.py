@@ -121,9 +121,11 @@ def kernel(x):
 """,
 }
 
-OS_LEVEL = {"background-thread": "work-outside-timing", "forked-helper": "work-outside-timing"}
+OS_LEVEL = {"background-thread": {"work-outside-timing", "background-thread"},
+            "forked-helper": {"work-outside-timing", "extra-process"}}
 """Exploits that, past the Python guard (as compiled code would be), the operating-system checks
-alone must still catch: the detector they must trip."""
+alone must still catch: the detectors that may trip first (CPU accounting, or the thread and process
+counts, whichever check the helper's work reaches first)."""
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +170,7 @@ def test_every_exploit_earns_zero_and_a_flag(grader, name) -> None:
 def test_the_operating_system_checks_alone_catch_work_outside_the_timed_region(grader, name) -> None:
     report = grader.grade(SWISH, EXPLOITS[name], timeout_s=60, python_guard=False)
     assert KernelReward()(report) == 0.0
-    assert OS_LEVEL[name] in {flag["detector"] for flag in report.flags}, report
+    assert OS_LEVEL[name] & {flag["detector"] for flag in report.flags}, report
 
 
 def test_wrong_answers_earn_zero_without_a_flag(grader) -> None:

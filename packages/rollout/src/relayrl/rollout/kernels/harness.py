@@ -17,7 +17,7 @@ batch (the reference's file is unlinked before the candidate starts), run the ba
 and reply when done; the harness times the round trip with its own clock. Every call of a batch
 gets inputs no earlier call saw, so neither a cache nor a lookup of "known" inputs can answer it.
 After each timed batch the worker reports a digest of every output (the dot product with random
-weights), which the harness compares, within the task's tolerance, with the reference's outputs
+weights, drawn from a seed the harness picks per grading and sends with the request), which the harness compares, within the task's tolerance, with the reference's outputs
 for the same inputs: a candidate that answers the timed calls differently from the checked ones
 fails. Batches alternate between the workers (order swapped each round) on one pinned core, with
 the thread counts of NumPy's libraries fixed at one.
@@ -148,6 +148,7 @@ def worker_main(role: str, shm_path: str) -> None:
     _GUARD["loaded"] = True
     send(replies, {"ready": True})
     outputs: list = []
+    drawn: dict = {}  # the digest weights of this grading's seed, drawn once and extended as outputs grow
     while True:
         try:
             command = receive(commands, time.monotonic() + 3600)
@@ -165,10 +166,10 @@ def worker_main(role: str, shm_path: str) -> None:
                 error = f"{type(exc).__name__}: {exc}"[:2000]
             send(replies, {"done": True, "error": error})
         elif command["op"] == "digest":
-            weights = np.frombuffer(shared, dtype=np.float64, count=command["weights"],
-                                    offset=command["weights_offset"])
-            tolerance = command["tolerance"]
-            send(replies, {"digests": [_digest(np, output, weights, tolerance) for output in outputs]})
+            tolerance, limit = command["tolerance"], int(command["limit"])
+            sizes = [output.size for output in outputs if type(output) is np.ndarray and output.size <= limit]
+            weights = _weights(np, drawn, int(command["seed"]), max(sizes, default=0))
+            send(replies, {"digests": [_digest(np, output, weights, tolerance, limit) for output in outputs]})
         elif command["op"] == "fetch":  # one output, whole, into the fetch region
             output = outputs[command["index"]]
             if type(output) is not np.ndarray or output.nbytes > command["limit"]:
@@ -181,13 +182,21 @@ def worker_main(role: str, shm_path: str) -> None:
             return
 
 
-def _digest(np, output, weights, tolerance: dict) -> dict:
+def _weights(np, drawn: dict, seed: int, count: int):
+    """The first ``count`` standard normals of ``seed``'s stream (a prefix of any longer draw: both
+    workers weigh element ``i`` alike whatever sizes their outputs have)."""
+    if drawn.get("seed") != seed or drawn["weights"].size < count:
+        drawn.update(seed=seed, weights=np.random.default_rng(seed).standard_normal(max(count, 1 << 12)))
+    return drawn["weights"]
+
+
+def _digest(np, output, weights, tolerance: dict, limit: int) -> dict:
     """An output's weighted sum (non-finite values counted apart), and the sum's tolerance: the same
     weights, in absolute value, applied to every element's ``atol + rtol * |value|``. Only the
     reference worker's ``bound`` is used."""
     if type(output) is not np.ndarray:
         return {"error": f"returned {type(output).__name__}, not a numpy.ndarray"}
-    if output.size > weights.size:
+    if output.size > limit:
         return {"error": f"an output of {output.size} elements"}
     flat = output.reshape(-1).astype(np.float64)
     finite = np.isfinite(flat)
@@ -453,17 +462,17 @@ class Session:
         self.max_calls = max(1, min(int(job.get("max_calls_per_batch", 256)),
                                     int(job.get("max_shared_bytes", 256 << 20)) // (2 * self.largest + 1)))
         self.calls_per_batch = 1
-        self.weights_count = max(1 << 12, 4 * self.largest)
+        self.weights_count = max(1 << 12, 4 * self.largest)  # outputs with more elements are refused
         self.fetch_bytes = max(1 << 20, 4 * self.largest)
         self.fetch_offset = self.max_calls * (self.largest + 64 * len(job["args"]))
-        self.shm_bytes = self.fetch_offset + self.fetch_bytes + 8 * self.weights_count
+        self.shm_bytes = self.fetch_offset + self.fetch_bytes
         cores = sorted(os.sched_getaffinity(0))
         self.core = cores[-1]
         if len(cores) > 1:  # the harness keeps off the workers' core
             os.sched_setaffinity(0, set(cores[:-1]))
         self.workers: list[Worker] = []
-        # One set of digest weights for the session, so that digests of different calls compare.
-        self.weights = self.rng.standard_normal(self.weights_count)
+        # One weights seed for the session, so that digests of different calls compare.
+        self.weights_seed = int(self.rng.integers(1 << 62))
         self.seen: list[dict] = []
 
     def start(self, role: str, source: str, entry: str) -> Worker:
@@ -476,21 +485,21 @@ class Session:
 
     def place(self, worker: Worker, calls: list[list]) -> list[list[dict]]:
         """Write ``calls`` (lists of arrays) into the worker's shared memory; their descriptors."""
+        np = self.np
         offset, layout = 0, []
         for call in calls:
             described = []
             for array in call:
-                data = array.tobytes()
-                worker.shared[offset:offset + len(data)] = data
+                data = np.ascontiguousarray(array)
+                np.frombuffer(worker.shared, dtype=np.uint8, count=data.nbytes, offset=offset)[:] = \
+                    data.reshape(-1).view(np.uint8)
                 described.append({"dtype": array.dtype.str, "shape": list(array.shape), "offset": offset})
-                offset += (len(data) + 63) // 64 * 64
+                offset += (data.nbytes + 63) // 64 * 64
             layout.append(described)
         return layout
 
-    def digests(self, worker: Worker, weights) -> list[dict]:
-        offset = len(worker.shared) - weights.nbytes
-        worker.shared[offset:] = weights.tobytes()
-        digests = worker.request({"op": "digest", "weights": weights.size, "weights_offset": offset,
+    def digests(self, worker: Worker) -> list[dict]:
+        digests = worker.request({"op": "digest", "seed": self.weights_seed, "limit": self.weights_count,
                                   "tolerance": self.tolerance}, self.deadline).get("digests")
         if not isinstance(digests, list):
             raise ProtocolError(f"the {worker.role} answered a digest request with something else")
@@ -560,7 +569,6 @@ class Session:
         """
         np = self.np
         calls = [_inputs(np, self.rng, self.job["args"], sizes) for _ in range(count)]
-        weights = self.weights
         layouts = {worker.role: self.place(worker, calls) for worker in (reference, candidate)}
         cycle_start = {worker.role: worker.cpu_seconds() for worker in (reference, candidate)}
         in_batch: dict[str, float] = {}
@@ -579,7 +587,7 @@ class Session:
             if worker is candidate and worker.thread_count() > max(threads_before, worker.threads):
                 raise Flagged("background-thread", f"the candidate's process went from {worker.threads} to "
                                                    f"{worker.thread_count()} threads")
-        found = {worker.role: self.digests(worker, weights) for worker in (reference, candidate)}
+        found = {worker.role: self.digests(worker) for worker in (reference, candidate)}
         outside = {worker.role: worker.cpu_seconds() - cycle_start[worker.role] - in_batch[worker.role]
                    for worker in (reference, candidate)}
         if outside["candidate"] > 2 * outside["reference"] + OUTSIDE_CPU_SLACK_S:
