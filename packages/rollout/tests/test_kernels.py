@@ -12,7 +12,7 @@ import asyncio
 
 import pytest
 
-from relayrl.core.wire import ToolCall
+from relayrl.core.wire import ToolCall, Trajectory
 from relayrl.rollout.kernels.catalog import FAST, SHIPPED, chain_task, make_tasks
 from relayrl.rollout.kernels.environment import KernelConfig, KernelEnvironment
 from relayrl.rollout.kernels.expert import NotAChain, fused_chain, renamed_reference
@@ -341,5 +341,26 @@ def test_identical_answers_in_a_group_are_graded_once(grader) -> None:
     task = next(spec for spec in environment.tasks() if spec.task_id == "swish")
     group = [answered(task, "", index) for index in range(4)]
     graded = asyncio.run(environment.grade(task, group, [RIGHT, RIGHT, "", RIGHT]))
-    assert environment.counts["submissions"] == 1 and environment.counts["graded"] == 3
+    assert environment.counts["gradings"] == 1 and environment.counts["graded"] == 3
     assert graded[0].reward == graded[1].reward == graded[3].reward > 0 and graded[2].reward == 0
+    # A later group's identical answer reuses the report; a different task or number of rounds does not.
+    asyncio.run(environment.grade(task, group[:1], [RIGHT]))
+    assert environment.counts["gradings"] == 1
+    other = next(spec for spec in environment.tasks() if spec.task_id == "gelu_tanh")
+    environment.grade_candidate(kernel_task(other), RIGHT, 2)
+    environment.grade_candidate(kernel_task(task), RIGHT, 3)
+    assert environment.counts["gradings"] == 3
+
+
+def test_without_a_final_grade_the_reward_is_the_last_submissions_own_grading(grader) -> None:
+    environment = KernelEnvironment(KernelConfig(tasks=20, feedback_rounds=2, final_grade=False))
+    task = next(spec for spec in environment.tasks() if spec.task_id == "swish")
+
+    async def episode() -> list[Trajectory]:
+        async with environment.tools(task) as tools:
+            await tools.execute([ToolCall(id="c0", name="submit", arguments={"code": RIGHT})])
+        return await environment.grade(task, [answered(task, "", 0)], [tools.final_answer()])
+
+    graded = asyncio.run(episode())
+    assert environment.counts["gradings"] == 1 and environment.counts["submissions"] == 2
+    assert graded[0].reward >= 0.3 and graded[0].reward_components["correct"] == 1.0

@@ -9,7 +9,11 @@ rounds and inputs the candidate never saw, and sets the reward (:class:`KernelRe
 flag zeroes it and is kept on the trajectory with its evidence.
 
 Gradings are serialised within a process (a lock): concurrent timings on one core would only add
-noise to both sides of every ratio. Identical answers within a group are graded once.
+noise to both sides of every ratio. A candidate is graded once per task and number of rounds: the
+environment keeps the last :data:`REPORTS_KEPT` reports, so identical submissions (a sharpened policy
+writes many) and identical answers within a group share one grading. With ``final_grade = false``
+the reward is the last submission's own grading (its rounds are ``feedback_rounds``), one grading
+less per episode.
 
 **Demonstrations** (the supervised warm-up) are played through the run's harness and the real
 ``submit`` tool on generated chains of their own stream, in one of :data:`STYLES`: submit the
@@ -21,6 +25,7 @@ multi-turn refinement the reward should come to prefer). Each then answers ``don
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import random
@@ -43,13 +48,23 @@ from relayrl.rollout.kernels.tasks import kernel_task, task_spec
 __all__ = ["ALPHABET", "SPECIALS", "STYLES", "KernelConfig", "KernelEnvironment", "KernelTools", "expert_reply"]
 
 ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n\t"
-SPECIALS = ("<tool_call>", "</tool_call>", '{"name": "', '", "arguments": {', '"code": "', '"}}', "submit",
-            "import numpy as np", "def kernel(", "return ", "np.", "\\n", "    ", " correct; speed-up ")
+MARKUP = ("<tool_call>", "</tool_call>", '{"name": "', '", "arguments": {', '"code": "', '"}}', "submit",
+          '{"name": "submit", "arguments": {"code": "')
+CODE = ("import numpy as np", "def kernel(", "def reference(", "return ", "np.", "\\n", "    ", "\\n    ",
+        "np.tanh(", "np.abs(", "np.maximum(", "np.minimum(", "np.exp(", "np.negative(", "np.reciprocal(",
+        "np.multiply(", "np.add(", "np.subtract(", "1.0 / (1.0 + np.exp(-", ", out=t", " ** 2", " ** 3", " = ",
+        "0.0", "1.0")
+FEEDBACK = (" correct; speed-up ", "x over the reference (interquartile ", " rounds)", "exit=0", "exit=1",
+            "incorrect: ", "load_error: ", "Write `kernel` with the semantics of `reference` below, faster. Arguments: ",
+            "float32[N]", ". Use numpy only.")
+SPECIALS = (*MARKUP, *CODE, *FEEDBACK)
 """Markup and frequent code a fresh model's character tokenizer keeps whole."""
 
 STYLES = ("fused", "copy", "copy-then-fused")
 """How a demonstration plays (see the module docstring)."""
 DONE = "done"
+REPORTS_KEPT = 2048
+"""Reports of recent gradings kept for reuse (keyed by the task, the candidate and the rounds)."""
 
 
 class KernelConfig(Section, kw_only=True):
@@ -67,6 +82,9 @@ class KernelConfig(Section, kw_only=True):
     """Timing rounds of a ``submit`` (the agent's feedback): fewer than the final grade's."""
     grading_rounds: int = 10
     """Timing rounds of the final grade (the reward)."""
+    final_grade: bool = True
+    """Grade the episode's answer again with ``grading_rounds``; false: the reward is the last
+    submission's own grading (``feedback_rounds``), one grading less per episode."""
     timeout_s: float = 60.0
     """Wall-clock limit of one grading; a candidate that takes longer is graded ``timeout``."""
     max_submissions: int = 8
@@ -149,7 +167,8 @@ class KernelEnvironment(Environment):
         self.grader = KernelGrader(section=sandbox, pm=pm, python=self.config.python)
         self.reward = self.config.reward()
         self._lock = threading.Lock()
-        self.counts = {"submissions": 0, "graded": 0, "correct": 0, "flagged": 0, "speedup_sum": 0.0}
+        self._reports: collections.OrderedDict[tuple[str, str, int], KernelReport] = collections.OrderedDict()
+        self.counts = {"submissions": 0, "gradings": 0, "graded": 0, "correct": 0, "flagged": 0, "speedup_sum": 0.0}
 
     def tasks(self) -> list[TaskSpec]:
         if self.config.shipped:
@@ -182,23 +201,30 @@ class KernelEnvironment(Environment):
         yield KernelTools(self, task)
 
     def grade_candidate(self, task: Any, code: str, rounds: int) -> KernelReport:
-        """One grading, serialised with every other of this process (blocking)."""
+        """The report of ``code`` on ``task`` with ``rounds`` timing rounds: a kept one, or a new
+        grading, serialised with every other of this process (blocking)."""
+        key = (msgspec.json.encode(task).decode(), code, rounds)
         with self._lock:
             self.counts["submissions"] += 1
-            return self.grader.grade(task, code, rounds=rounds, timeout_s=self.config.timeout_s)
+            if key in self._reports:
+                self._reports.move_to_end(key)
+                return self._reports[key]
+            self.counts["gradings"] += 1
+            report = self.grader.grade(task, code, rounds=rounds, timeout_s=self.config.timeout_s)
+            self._reports[key] = report
+            if len(self._reports) > REPORTS_KEPT:
+                self._reports.popitem(last=False)
+            return report
 
     async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
         kernel = kernel_task(task)
         graded = []
-        reports: dict[str, KernelReport] = {}  # identical answers in a group are graded once
+        rounds = self.config.grading_rounds if self.config.final_grade else self.config.feedback_rounds
         for trajectory, answer in zip(trajectories, answers):
             if not answer.strip():
                 graded.append(_rewarded(trajectory, 0.0, KernelReport(status="no_submission")))
                 continue
-            if answer not in reports:
-                reports[answer] = await asyncio.to_thread(self.grade_candidate, kernel, answer,
-                                                          self.config.grading_rounds)
-            report = reports[answer]
+            report = await asyncio.to_thread(self.grade_candidate, kernel, answer, rounds)
             self.counts["graded"] += 1
             self.counts["correct"] += int(report.correct)
             self.counts["flagged"] += int(bool(report.flags))
@@ -209,7 +235,8 @@ class KernelEnvironment(Environment):
 
     def metrics(self) -> dict[str, float]:
         counts = self.counts
-        return {"kernels/submissions": float(counts["submissions"]), "kernels/graded": float(counts["graded"]),
+        return {"kernels/submissions": float(counts["submissions"]), "kernels/gradings": float(counts["gradings"]),
+                "kernels/graded": float(counts["graded"]),
                 "kernels/correct": float(counts["correct"]), "kernels/flagged": float(counts["flagged"]),
                 "kernels/mean_speedup_of_correct": counts["speedup_sum"] / counts["correct"] if counts["correct"] else 0.0}
 
