@@ -1,11 +1,14 @@
 """A scripted kernel writer: faster candidates for generated chains, derived from the reference.
 
 A chain task's reference (:func:`relayrl.rollout.kernels.catalog.chain_task`) computes one
-temporary per operation. :func:`fused_chain` rewrites it the way a person would: one output buffer,
-allocated by the first operation, and every later operation applied in place with NumPy's ``out=``
-(no temporaries), with ``t ** 2`` and ``t ** 3`` as products (NumPy's float32 power is a general
-``pow``). The demonstrations of the supervised warm-up are played by this expert and by players that
-copy the reference (correct, no faster), so RL has something to prefer.
+temporary per operation. :func:`fused_chain` rewrites it the way a person would: the first operation
+allocates the one buffer, and every later one is applied to it in place with NumPy's ``out=`` (no
+temporaries), with ``t ** 2`` and ``t ** 3`` as products (NumPy's float32 power is a general
+``pow``). The rewrite keeps the reference's names, one line per step (``t1 = np.tanh(t0, out=t0)``:
+``t1`` is ``t0``'s buffer), so each line of the candidate answers one line of the reference, which is
+also what makes the rewrite learnable by a small model. The demonstrations of the supervised warm-up
+are played by this expert and by players that copy the reference (correct, no faster), so RL has
+something to prefer.
 """
 
 from __future__ import annotations
@@ -39,11 +42,12 @@ def fused_chain(reference: str) -> str:
         allowed = set(arguments) if current is None else {current, *arguments[1:]}
         if not names or not names <= allowed or (current is not None and current not in names):
             raise NotAChain(f"not a step of one chain: {ast.unparse(statement)}")
-        lines += _step(statement.value, current)
-        current = statement.targets[0].id
+        target = statement.targets[0].id
+        lines.append(f"    {target} = {_step(statement.value, current)}")
+        current = target
     if not (current and isinstance(last, ast.Return) and isinstance(last.value, ast.Name) and last.value.id == current):
         raise NotAChain("the reference does not return its chain's last value")
-    lines.append("    return t")
+    lines.append(f"    return {current}")
     return "import numpy as np\n\n" + "\n".join(lines) + "\n"
 
 
@@ -66,37 +70,35 @@ def _operand(node: ast.expr) -> tuple[str, str]:
     return ast.unparse(left), ast.unparse(right)
 
 
-def _step(value: ast.expr, current: str | None) -> list[str]:
-    """The lines applying one operation to ``t`` (allocating it when ``current`` is None)."""
+def _step(value: ast.expr, current: str | None) -> str:
+    """One operation as an expression: in place on ``current``'s buffer (``out=``), or, for the first
+    operation (``current`` None: its operands are the inputs, which must stay untouched), allocating."""
     source = ast.unparse(value)
-    first = current is None
+    out = f", out={current}" if current is not None else ""
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and len(value.args) == 1:
-        name = value.func.attr  # np.tanh(v), np.abs(v)
-        argument = ast.unparse(value.args[0])
-        return [f"    t = np.{name}({argument})"] if first else [f"    np.{name}(t, out=t)"]
+        return f"np.{value.func.attr}({ast.unparse(value.args[0])}{out})"  # np.tanh(v), np.abs(v)
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and len(value.args) == 2:
-        name = value.func.attr  # np.maximum(v, c), np.minimum(v, c), np.maximum(v, y)
-        chain, other = _operand(value)
-        return [f"    t = np.{name}({chain}, {other})"] if first else [f"    np.{name}(t, {other}, out=t)"]
+        chain, other = _operand(value)  # np.maximum(v, c), np.minimum(v, c), np.maximum(v, y)
+        return f"np.{value.func.attr}({chain}, {other}{out})"
     if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Pow) and isinstance(value.right, ast.Constant):
         base = ast.unparse(value.left)
         if value.right.value == 2:
-            return [f"    t = {base} * {base}"] if first else ["    np.multiply(t, t, out=t)"]
+            return f"np.multiply({base}, {base}{out})"
         if value.right.value == 3:
-            return [f"    t = {base} * {base}", f"    t *= {base}"] if first else \
-                ["    u = t * t", "    t *= u"]
+            return f"np.multiply({base}, {base} * {base}{out})"
         raise NotAChain(f"unexpected power {source}")
     if isinstance(value, ast.BinOp) and isinstance(value.op, ast.Div) and ast.unparse(value.left) == "1.0":
-        # 1.0 / (1.0 + np.exp(-v)): the sigmoid, in place
+        # 1.0 / (1.0 + np.exp(-v)): the sigmoid, four operations on one buffer
         inner = value.right
         if not (isinstance(inner, ast.BinOp) and isinstance(inner.right, ast.Call)
                 and isinstance(inner.right.args[0], ast.UnaryOp)):
             raise NotAChain(f"unexpected division {source}")
         argument = ast.unparse(inner.right.args[0].operand)
-        head = [f"    t = np.negative({argument})"] if first else ["    np.negative(t, out=t)"]
-        return [*head, "    np.exp(t, out=t)", "    t += 1.0", "    np.reciprocal(t, out=t)"]
+        if current is None:
+            return f"np.reciprocal(np.exp(np.negative({argument})) + 1.0)"
+        return f"np.reciprocal(np.add(np.exp(np.negative({argument}{out}){out}), 1.0{out}){out})"
     if isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Add, ast.Sub, ast.Mult)):
-        symbol = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*"}[type(value.op)]
+        name = {ast.Add: "add", ast.Sub: "subtract", ast.Mult: "multiply"}[type(value.op)]
         chain, other = _operand(value)
-        return [f"    t = {chain} {symbol} {other}"] if first else [f"    t {symbol}= {other}"]
+        return f"np.{name}({chain}, {other}{out})"
     raise NotAChain(f"unexpected operation {source}")
