@@ -14,13 +14,17 @@ command does), then renders from the run's ``metrics.jsonl``:
   turns, turns, compactions, tokens, entropy, seconds per tool call) and its length-penalty table
   (budget steps against unconstrained ones).
 
+* kernels (docs/kernels.md): per tenth the grader's reward, the share of graded answers that were
+  correct, their mean speed-up, the share that failed to load (the "compiler errors" of NumPy
+  code), submissions and turns per episode, and the share of gradings the report cache saved.
+
 * moe (docs/algorithms.md): the quickstart's table with the share of token-layer pairs whose experts
   the fp32 trainer's own routers would have chosen differently from the bf16 engine's (replayed).
 
 Writes ``benchmarks/results/example_run-<example>.json`` (the docs' table) and
 ``example_run-<example>-headline.json`` (the README's sentence).
 
-Usage: ``python benchmarks/example_run.py [--example quickstart|agent|moe] [--seed 0] [--quick]``.
+Usage: ``python benchmarks/example_run.py [--example quickstart|agent|kernels|moe] [--seed 0] [--quick]``.
 """
 
 from __future__ import annotations
@@ -50,6 +54,9 @@ QUICK = {
               "--set", "buffer.admission=['staleness']"],
 }
 QUICK["moe"] = QUICK["quickstart"]
+QUICK["kernels"] = ["--steps", "10", "--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.demonstrations=4",
+                    "--set", "buffer.batch_groups=1", "--set", "rollout.skip_zero_variance=false",
+                    "--set", "buffer.admission=['staleness']"]
 
 QUICKSTART_COLUMNS = [
     ("reward/fleet_mean", "success rate"), ("entropy/token_mean", "entropy (nats/token)"),
@@ -165,11 +172,68 @@ def agent_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[st
     return "\n".join(lines), headline
 
 
+def counter_deltas(chunk: list[dict[str, Any]], before: dict[str, Any] | None, names: list[str]) -> dict[str, float]:
+    """How much each cumulative counter grew over ``chunk`` (from the record ``before`` it, or from 0)."""
+    last = chunk[-1]["metrics"]
+    earlier = before["metrics"] if before else {}
+    return {name: float(last.get(name, 0.0)) - float(earlier.get(name, 0.0)) for name in names}
+
+
+KERNEL_COUNTERS = ["kernels/graded", "kernels/correct", "kernels/speedup_sum", "kernels/load_errors",
+                   "kernels/no_submission", "kernels/submissions", "kernels/gradings"]
+
+
+def kernel_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per tenth: the grader's reward and the kernel counters' rates over the answers graded in it."""
+    rows, before = [], None
+    for chunk in tenths(records):
+        grew = counter_deltas(chunk, before, KERNEL_COUNTERS)
+        graded, correct = max(grew["kernels/graded"], 1.0), grew["kernels/correct"]
+        rows.append({"steps": f"{chunk[0]['step']}-{chunk[-1]['step']}",
+                     "reward": mean(chunk, "reward/fleet_graded_mean"),
+                     "correct": grew["kernels/correct"] / graded,
+                     "speedup": grew["kernels/speedup_sum"] / correct if correct else None,
+                     "load_errors": grew["kernels/load_errors"] / graded,
+                     "no_submission": grew["kernels/no_submission"] / graded,
+                     "submissions": mean(chunk, "fleet/tool_calls_per_trajectory"),
+                     "turns": mean(chunk, "fleet/turns_per_trajectory"),
+                     "graded": int(grew["kernels/graded"]),
+                     "saved": 1.0 - grew["kernels/gradings"] / max(grew["kernels/submissions"], 1.0),
+                     "entropy": mean(chunk, "entropy/token_mean")})
+        before = chunk[-1]
+    return rows
+
+
+def kernels_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str, str]:
+    rows = kernel_rows(records)
+    s["kernel_rows"] = rows
+    lines = [f"{minutes(s['wall_s'])} from the command to the written report, of which {minutes(s['rl_s'])} are the "
+             f"{s['steps']} RL steps and the rest start-up, the demonstrations and the warm-up. Per tenth of the steps, "
+             "over every answer graded in it (trained on or not):", "",
+             "| steps | reward (grader) | correct | speed-up of correct | load errors | no answer | submissions | "
+             "turns | answers graded | entropy |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row['steps']} | {num(row['reward'], '.3f')} | {100 * row['correct']:.0f}% | "
+                     f"{num(row['speedup'], '.2f')}x | {100 * row['load_errors']:.0f}% | {100 * row['no_submission']:.0f}% | "
+                     f"{num(row['submissions'], '.2f')} | {num(row['turns'], '.2f')} | {row['graded']} | "
+                     f"{num(row['entropy'], '.3f')} |")
+    first, last = rows[0], rows[-1]
+    lines += ["", f"The grader's reward went from {first['reward']:.3f} in the first tenth to {last['reward']:.3f} in the "
+              f"last ({last['reward'] / max(first['reward'], 1e-9):.1f}x, {last['reward'] - first['reward']:+.2f}); the "
+              f"share of correct answers from {100 * first['correct']:.0f}% to {100 * last['correct']:.0f}%, their mean "
+              f"speed-up from {num(first['speedup'], '.2f')}x to {num(last['speedup'], '.2f')}x."]
+    headline = (f"RL on the grader's reward took one run here ({minutes(s['wall_s'])} in all) from {first['reward']:.2f} "
+                f"to {last['reward']:.2f} between the first and the last tenth of {s['steps']} steps; correct answers "
+                f"{100 * first['correct']:.0f}% -> {100 * last['correct']:.0f}%.")
+    return "\n".join(lines), headline
+
+
 def moe_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str, str]:
     return quickstart_markdown(records, s, MOE_COLUMNS)
 
 
-RENDER = {"quickstart": quickstart_markdown, "agent": agent_markdown, "moe": moe_markdown}
+RENDER = {"quickstart": quickstart_markdown, "agent": agent_markdown, "kernels": kernels_markdown, "moe": moe_markdown}
 
 
 def main(argv: list[str] | None = None) -> int:

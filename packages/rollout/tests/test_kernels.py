@@ -152,6 +152,14 @@ def test_generated_chains_are_deterministic_and_distinct() -> None:
     assert len({task.name for task in make_tasks(60)}) == 60
 
 
+def test_the_chain_length_option_sets_every_stream_of_chains() -> None:
+    environment = KernelEnvironment(KernelConfig(tasks=30, shipped=False, eval_tasks=10, demonstrations=10,
+                                                 chain_length=(1, 2)))
+    for spec in [*environment.tasks(), *environment.eval_tasks(), *environment.demonstration_tasks()]:
+        steps = kernel_task(spec).reference.count(" = ")
+        assert 1 <= steps <= 2, kernel_task(spec).reference
+
+
 def test_every_shipped_reference_is_correct_against_itself(grader) -> None:
     for task in [*SHIPPED, chain_task(0), chain_task(1)]:
         report = grader.grade(task, task.reference.replace("def reference", "def kernel"), time_it=False)
@@ -269,7 +277,8 @@ def test_bad_options_are_rejected_with_their_dotted_key() -> None:
     from relayrl.core.config import ConfigError
 
     for options, key in (({"grading_rounds": 0}, "grading_rounds"), ({"max_submissions": 0}, "max_submissions"),
-                         ({"noise_floor": 1.5}, "rollout.environment_options")):
+                         ({"noise_floor": 1.5}, "rollout.environment_options"),
+                         ({"chain_length": (3, 2)}, "chain_length"), ({"chain_length": (0, 2)}, "chain_length")):
         with pytest.raises(ConfigError, match=key):
             KernelConfig(**options).check(None, "rollout.environment_options")
 
@@ -362,5 +371,5 @@ def test_without_a_final_grade_the_reward_is_the_last_submissions_own_grading(gr
         return await environment.grade(task, [answered(task, "", 0)], [tools.final_answer()])
 
     graded = asyncio.run(episode())
-    assert environment.counts["gradings"] == 1 and environment.counts["submissions"] == 2
+    assert environment.counts["gradings"] == 1 and environment.counts["submissions"] == 1
     assert graded[0].reward >= 0.3 and graded[0].reward_components["correct"] == 1.0

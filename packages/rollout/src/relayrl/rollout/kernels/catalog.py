@@ -191,11 +191,11 @@ def chain_task(seed: int, *, length: tuple[int, int] = (3, 6)) -> KernelTask:
                  description="a chain of elementwise operations", tolerance=Tolerance(rtol=1e-4, atol=1e-4))
 
 
-def make_tasks(count: int, *, seed: int = 0) -> list[KernelTask]:
-    """The shipped tasks, then generated chains up to ``count`` (seeds from ``seed``)."""
+def make_tasks(count: int, *, seed: int = 0, length: tuple[int, int] = (3, 6)) -> list[KernelTask]:
+    """The shipped tasks, then generated chains of ``length`` operations up to ``count`` (seeds from ``seed``)."""
     tasks = shipped_tasks()[:count]
     index = 0
     while len(tasks) < count:
-        tasks.append(chain_task(seed + index))
+        tasks.append(chain_task(seed + index, length=length))
         index += 1
     return tasks

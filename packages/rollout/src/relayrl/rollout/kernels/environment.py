@@ -77,6 +77,9 @@ class KernelConfig(Section, kw_only=True):
     warm-up's expert can write a faster version of)."""
     eval_tasks: int = 40
     """Held-out tasks: generated chains from a stream of their own."""
+    chain_length: tuple[int, int] = (3, 6)
+    """Operations per generated chain (training, held-out and demonstration chains alike): shorter
+    chains are easier to rewrite for a small model."""
     seed: int = 0
     feedback_rounds: int = 3
     """Timing rounds of a ``submit`` (the agent's feedback): fewer than the final grade's."""
@@ -105,6 +108,9 @@ class KernelConfig(Section, kw_only=True):
         for key in ("tasks", "feedback_rounds", "grading_rounds", "max_submissions"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{path}.{key}: must be at least 1, got {getattr(self, key)}")
+        low, high = self.chain_length
+        if not 1 <= low <= high:
+            raise ConfigError(f"{path}.chain_length: [low, high] with 1 <= low <= high, got {list(self.chain_length)}")
         if self.eval_tasks < 0 or not self.timeout_s > 0:
             raise ConfigError(f"{path}: eval_tasks must be >= 0 and timeout_s > 0")
         styles = self.demonstration_styles
@@ -147,6 +153,7 @@ class KernelTools:
             return ToolResult(call_id=call.id, exit_status=1,
                               error=f"no more submissions ({self.environment.config.max_submissions} per episode)")
         self.submissions.append(code)
+        self.environment.counts["submissions"] += 1
         loop = asyncio.get_running_loop()
         started = loop.time()
         report = await asyncio.to_thread(self.environment.grade_candidate, self.task, code,
@@ -168,19 +175,22 @@ class KernelEnvironment(Environment):
         self.reward = self.config.reward()
         self._lock = threading.Lock()
         self._reports: collections.OrderedDict[tuple[str, str, int], KernelReport] = collections.OrderedDict()
-        self.counts = {"submissions": 0, "gradings": 0, "graded": 0, "correct": 0, "flagged": 0, "speedup_sum": 0.0}
+        self.counts = {"submissions": 0, "gradings": 0, "graded": 0, "correct": 0, "flagged": 0, "speedup_sum": 0.0,
+                       "load_errors": 0, "incorrect": 0, "no_submission": 0}
 
     def tasks(self) -> list[TaskSpec]:
         if self.config.shipped:
-            return [task_spec(task) for task in make_tasks(self.config.tasks, seed=self.config.seed)]
-        return [task_spec(chain_task(self.config.seed + index)) for index in range(self.config.tasks)]
+            return [task_spec(task) for task in make_tasks(self.config.tasks, seed=self.config.seed,
+                                                           length=self.config.chain_length)]
+        return [task_spec(chain_task(self.config.seed + index, length=self.config.chain_length))
+                for index in range(self.config.tasks)]
 
     def demonstration_tasks(self) -> list[TaskSpec]:
         """Chains of a stream of their own (neither training nor held out), each with a drawn style."""
         base = self.config.seed + 2_000_003
         rng = random.Random(base)
         styles, weights = zip(*self.config.demonstration_styles.items())
-        return [task_spec(chain_task(base + index), task_id=f"demo-chain-{base + index}",
+        return [task_spec(chain_task(base + index, length=self.config.chain_length), task_id=f"demo-chain-{base + index}",
                           style=rng.choices(styles, weights)[0]) for index in range(self.config.demonstrations)]
 
     async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
@@ -193,7 +203,7 @@ class KernelEnvironment(Environment):
 
     def eval_tasks(self) -> list[TaskSpec]:
         base = self.config.seed + 1_000_003
-        return [task_spec(chain_task(base + index), task_id=f"eval-chain-{base + index}")
+        return [task_spec(chain_task(base + index, length=self.config.chain_length), task_id=f"eval-chain-{base + index}")
                 for index in range(self.config.eval_tasks)]
 
     @contextlib.asynccontextmanager
@@ -205,7 +215,6 @@ class KernelEnvironment(Environment):
         grading, serialised with every other of this process (blocking)."""
         key = (msgspec.json.encode(task).decode(), code, rounds)
         with self._lock:
-            self.counts["submissions"] += 1
             if key in self._reports:
                 self._reports.move_to_end(key)
                 return self._reports[key]
@@ -222,12 +231,15 @@ class KernelEnvironment(Environment):
         rounds = self.config.grading_rounds if self.config.final_grade else self.config.feedback_rounds
         for trajectory, answer in zip(trajectories, answers):
             if not answer.strip():
+                self.counts["no_submission"] += 1
                 graded.append(_rewarded(trajectory, 0.0, KernelReport(status="no_submission")))
                 continue
             report = await asyncio.to_thread(self.grade_candidate, kernel, answer, rounds)
             self.counts["graded"] += 1
             self.counts["correct"] += int(report.correct)
             self.counts["flagged"] += int(bool(report.flags))
+            self.counts["load_errors"] += int(report.status == "load_error")
+            self.counts["incorrect"] += int(report.status in ("incorrect", "runtime_error", "timeout", "crashed"))
             if report.correct and report.speedup:
                 self.counts["speedup_sum"] += report.speedup
             graded.append(_rewarded(trajectory, self.reward(report), report))
@@ -236,8 +248,10 @@ class KernelEnvironment(Environment):
     def metrics(self) -> dict[str, float]:
         counts = self.counts
         return {"kernels/submissions": float(counts["submissions"]), "kernels/gradings": float(counts["gradings"]),
-                "kernels/graded": float(counts["graded"]),
+                "kernels/graded": float(counts["graded"]), "kernels/load_errors": float(counts["load_errors"]),
+                "kernels/incorrect": float(counts["incorrect"]), "kernels/no_submission": float(counts["no_submission"]),
                 "kernels/correct": float(counts["correct"]), "kernels/flagged": float(counts["flagged"]),
+                "kernels/speedup_sum": float(counts["speedup_sum"]),
                 "kernels/mean_speedup_of_correct": counts["speedup_sum"] / counts["correct"] if counts["correct"] else 0.0}
 
 
