@@ -24,13 +24,19 @@ command does), then renders from the run's ``metrics.jsonl``:
 Writes ``benchmarks/results/example_run-<example>.json`` (the docs' table) and
 ``example_run-<example>-headline.json`` (the README's sentence).
 
-Usage: ``python benchmarks/example_run.py [--example quickstart|agent|kernels|moe] [--seed 0] [--quick]``.
+``--variant single-turn`` (kernels) runs the same example with one submission per episode and
+single-submission demonstrations, the same steps: the seeds' single-turn against multi-turn
+comparison. Its table ends with both runs' first and last tenths (the multi-turn run's from
+``example_run-kernels.json``).
+
+Usage: ``python benchmarks/example_run.py [--example quickstart|agent|kernels|moe] [--variant NAME] [--seed 0] [--quick]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
@@ -57,6 +63,13 @@ QUICK["moe"] = QUICK["quickstart"]
 QUICK["kernels"] = ["--steps", "10", "--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.demonstrations=4",
                     "--set", "buffer.batch_groups=1", "--set", "rollout.skip_zero_variance=false",
                     "--set", "buffer.admission=['staleness']"]
+
+VARIANTS = {
+    "kernels": {"single-turn": ["--set", "rollout.environment_options.max_submissions=1",
+                                "--set", "rollout.environment_options.demonstration_styles={fused=0.6, copy=0.4}",
+                                "--set", "rollout.harness_options.max_turns=2"]},
+}
+"""Overrides of an example's config that a ``--variant`` runs (same steps, same seed)."""
 
 QUICKSTART_COLUMNS = [
     ("reward/fleet_mean", "success rate"), ("entropy/token_mean", "entropy (nats/token)"),
@@ -179,7 +192,7 @@ def counter_deltas(chunk: list[dict[str, Any]], before: dict[str, Any] | None, n
     return {name: float(last.get(name, 0.0)) - float(earlier.get(name, 0.0)) for name in names}
 
 
-KERNEL_COUNTERS = ["kernels/graded", "kernels/correct", "kernels/speedup_sum", "kernels/load_errors",
+KERNEL_COUNTERS = ["kernels/graded", "kernels/correct", "kernels/log_speedup_sum", "kernels/faster", "kernels/load_errors",
                    "kernels/no_submission", "kernels/submissions", "kernels/gradings"]
 
 
@@ -192,7 +205,9 @@ def kernel_rows(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         rows.append({"steps": f"{chunk[0]['step']}-{chunk[-1]['step']}",
                      "reward": mean(chunk, "reward/fleet_graded_mean"),
                      "correct": grew["kernels/correct"] / graded,
-                     "speedup": grew["kernels/speedup_sum"] / correct if correct else None,
+                     "faster": grew["kernels/faster"] / graded,
+                     # geometric: a chain with a power is ~10x faster rewritten and would swamp a mean
+                     "speedup": math.exp(grew["kernels/log_speedup_sum"] / correct) if correct else None,
                      "load_errors": grew["kernels/load_errors"] / graded,
                      "no_submission": grew["kernels/no_submission"] / graded,
                      "submissions": mean(chunk, "fleet/tool_calls_per_trajectory"),
@@ -210,23 +225,43 @@ def kernels_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[
     lines = [f"{minutes(s['wall_s'])} from the command to the written report, of which {minutes(s['rl_s'])} are the "
              f"{s['steps']} RL steps and the rest start-up, the demonstrations and the warm-up. Per tenth of the steps, "
              "over every answer graded in it (trained on or not):", "",
-             "| steps | reward (grader) | correct | speed-up of correct | load errors | no answer | submissions | "
-             "turns | answers graded | entropy |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| steps | reward (grader) | correct | faster | speed-up of correct (geometric mean) | load errors | "
+             "no answer | submissions | turns | answers graded | entropy |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         lines.append(f"| {row['steps']} | {num(row['reward'], '.3f')} | {100 * row['correct']:.0f}% | "
+                     f"{100 * row['faster']:.0f}% | "
                      f"{num(row['speedup'], '.2f')}x | {100 * row['load_errors']:.0f}% | {100 * row['no_submission']:.0f}% | "
                      f"{num(row['submissions'], '.2f')} | {num(row['turns'], '.2f')} | {row['graded']} | "
                      f"{num(row['entropy'], '.3f')} |")
     first, last = rows[0], rows[-1]
     lines += ["", f"The grader's reward went from {first['reward']:.3f} in the first tenth to {last['reward']:.3f} in the "
               f"last ({last['reward'] / max(first['reward'], 1e-9):.1f}x, {last['reward'] - first['reward']:+.2f}); the "
-              f"share of correct answers from {100 * first['correct']:.0f}% to {100 * last['correct']:.0f}%, their mean "
-              f"speed-up from {num(first['speedup'], '.2f')}x to {num(last['speedup'], '.2f')}x."]
+              f"share of correct answers from {100 * first['correct']:.0f}% to {100 * last['correct']:.0f}%, of correct "
+              f"and faster ones (beyond the noise floor) from {100 * first['faster']:.0f}% to {100 * last['faster']:.0f}%, "
+              f"the geometric mean speed-up of the correct from {num(first['speedup'], '.2f')}x to "
+              f"{num(last['speedup'], '.2f')}x."]
     headline = (f"RL on the grader's reward took one run here ({minutes(s['wall_s'])} in all) from {first['reward']:.2f} "
                 f"to {last['reward']:.2f} between the first and the last tenth of {s['steps']} steps; correct answers "
                 f"{100 * first['correct']:.0f}% -> {100 * last['correct']:.0f}%.")
     return "\n".join(lines), headline
+
+
+def compare_with_base(example: str, variant: str, summary: dict[str, Any]) -> str:
+    """The variant's first and last tenths next to the example's own run (its results file)."""
+    base_file = ROOT / "benchmarks" / "results" / f"example_run-{example}.json"
+    if example != "kernels" or not base_file.exists():
+        return f"(no results file of the example itself, {base_file.name}, to compare with)"
+    base = json.loads(base_file.read_text())
+    base_rows = base["data"]["summary"]["kernel_rows"]
+    lines = ["| run | reward, first tenth | reward, last tenth | correct, first | correct, last | "
+             "speed-up of correct, last | submissions, last |", "|---|---|---|---|---|---|---|"]
+    for label, rows in ((f"multi-turn (example_run-{example}.json, {str(base.get('commit', ''))[:12]})", base_rows),
+                        (variant, summary["kernel_rows"])):
+        first, last = rows[0], rows[-1]
+        lines.append(f"| {label} | {first['reward']:.3f} | {last['reward']:.3f} | {100 * first['correct']:.0f}% | "
+                     f"{100 * last['correct']:.0f}% | {num(last['speedup'], '.2f')}x | {num(last['submissions'], '.2f')} |")
+    return "\n".join(lines)
 
 
 def moe_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str, str]:
@@ -239,14 +274,20 @@ RENDER = {"quickstart": quickstart_markdown, "agent": agent_markdown, "kernels":
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--example", choices=sorted(RENDER), default="quickstart")
+    parser.add_argument("--variant", default=None, help="a variant of the example (VARIANTS), e.g. single-turn")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="10 steps, a short warm-up, no results file")
     args = parser.parse_args(argv)
+    variants = VARIANTS.get(args.example, {})
+    if args.variant is not None and args.variant not in variants:
+        parser.error(f"--variant: {args.example} has {sorted(variants) or 'none'}, not {args.variant!r}")
+    overrides = variants.get(args.variant, []) if args.variant else []
+    name = f"example_run-{args.example}" + (f"-{args.variant}" if args.variant else "")
     revision = commit()
     with tempfile.TemporaryDirectory(prefix=f"relayrl-{args.example}-") as folder:
         run_dir = Path(folder) / "run"
         command = [sys.executable, "-m", "relayrl.cli", "run", str(ROOT / "examples" / f"{args.example}.toml"),
-                   "--run-dir", str(run_dir), "--set", f"run.seed={args.seed}", *(QUICK[args.example] if args.quick else [])]
+                   "--run-dir", str(run_dir), "--set", f"run.seed={args.seed}", *overrides, *(QUICK[args.example] if args.quick else [])]
         started = time.time()
         result = subprocess.run(command, capture_output=True, text=True, timeout=7200)
         ended = time.time()
@@ -258,12 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"only {len(records)} steps recorded: a table of tenths needs 10")
     summary = summarise(records, started, ended)
     markdown, headline = RENDER[args.example](records, summary)
+    if args.variant:
+        markdown += "\n\n" + compare_with_base(args.example, args.variant, summary)
     print(markdown)
     print()
     print(headline)
     if not args.quick:
-        for name, text in ((f"example_run-{args.example}", markdown), (f"example_run-{args.example}-headline", headline)):
-            path = write_results(name, command=command_line(argv), markdown=text, data={"seed": args.seed, "summary": summary},
+        for results_name, text in ((name, markdown), (f"{name}-headline", headline)):
+            path = write_results(results_name, command=command_line(argv), markdown=text, data={"seed": args.seed, "summary": summary},
                                  revision=revision)
             print(f"wrote {path}")
     return 0

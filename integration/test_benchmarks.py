@@ -166,7 +166,8 @@ def test_eval_benchmarks_quick_modes_run_with_and_without_eval_then_evaluate_bef
 
 
 @pytest.mark.parametrize("example, header", [("quickstart", "| steps | success rate |"),
-                                             ("agent", "| steps | reward (grader) |")])
+                                             ("agent", "| steps | reward (grader) |"),
+                                             ("kernels", "| steps | reward (grader) | correct |")])
 def test_example_run_quick_mode_tabulates_ten_tenths(example, header):
     out = run_quick("example_run.py", "--example", example)
     assert header in out, out

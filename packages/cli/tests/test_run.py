@@ -213,6 +213,38 @@ def test_the_agentic_example_uses_tools_in_sandboxes_compacts_and_trains_every_s
     assert len(tools) == 2 and "| versions | trajectories | grep |" in tools[1]  # which tools, from the bus
 
 
+def test_the_kernels_example_grades_every_submission_in_a_sandbox_and_trains(tmp_path):
+    """examples/kernels.toml, short: checks that the path ran (demonstrations through the real grader,
+    submissions graded in sandboxes with their feedback in the context, rewards from the grader,
+    groups trained, the ledger clean), not that it learned."""
+    from relayrl.cli.run.ledger import verify_run
+    from relayrl.rollout.kernels.grading import KernelGrader
+
+    reason = KernelGrader().check()
+    if reason:
+        pytest.skip(reason)
+    run_dir = tmp_path / "run"
+    run = relayrl("run", str(ROOT / "examples" / "kernels.toml"), "--run-dir", str(run_dir), "--steps", "3",
+                  "--set", "trainer.warmup.steps=20", "--set", "rollout.environment_options.demonstrations=12",
+                  "--set", "rollout.skip_zero_variance=false", "--set", "buffer.admission=['staleness']",
+                  "--set", "buffer.batch_groups=1")
+    output, _ = run.communicate(timeout=900)
+    assert run.returncode == 0, output
+    records = read_metrics(run_dir)
+    assert [record["step"] for record in records] == [1, 2, 3]
+    fleet = [record["metrics"] for record in records if "fleet/tool_calls_per_trajectory" in record["metrics"]]
+    assert fleet and max(metrics["fleet/turns_per_trajectory"] for metrics in fleet) > 1
+    assert all(0.0 <= metrics["reward/fleet_graded_mean"] <= 2.0 for metrics in fleet)  # max_speedup = 2
+    rollout = json.loads((run_dir / "status" / "rollout.json").read_text())["metrics"]
+    assert rollout["kernels/graded"] > 0 and rollout["kernels/gradings"] > 0  # answers graded in sandboxes
+    # Submissions and final answers share reports: never more gradings than the two together.
+    assert rollout["kernels/gradings"] <= rollout["kernels/submissions"] + rollout["kernels/graded"]
+    warmup = [event for event in load_events(run_dir) if event.kind == "warmup"]
+    assert warmup and "supervised warm-up: 20 steps" in warmup[0].message
+    check = verify_run(run_dir)
+    assert check.ok, check
+
+
 def assert_a_vanished_pending_segment_is_reported(run_dir: Path, tmp_path: Path) -> None:
     """On a copy of the run: a segment not yet trained that disappears from the bus (renumbered one up,
     as if lost and its number taken by the producer's next one) is a gap ``verify_run`` reports."""

@@ -28,6 +28,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import math
 import random
 import re
 import string
@@ -176,7 +177,7 @@ class KernelEnvironment(Environment):
         self._lock = threading.Lock()
         self._reports: collections.OrderedDict[tuple[str, str, int], KernelReport] = collections.OrderedDict()
         self.counts = {"submissions": 0, "gradings": 0, "graded": 0, "correct": 0, "flagged": 0, "speedup_sum": 0.0,
-                       "load_errors": 0, "incorrect": 0, "no_submission": 0}
+                       "log_speedup_sum": 0.0, "faster": 0, "load_errors": 0, "incorrect": 0, "no_submission": 0}
 
     def tasks(self) -> list[TaskSpec]:
         if self.config.shipped:
@@ -240,8 +241,10 @@ class KernelEnvironment(Environment):
             self.counts["flagged"] += int(bool(report.flags))
             self.counts["load_errors"] += int(report.status == "load_error")
             self.counts["incorrect"] += int(report.status in ("incorrect", "runtime_error", "timeout", "crashed"))
-            if report.correct and report.speedup:
+            if report.correct and report.speedup and not report.flags:
                 self.counts["speedup_sum"] += report.speedup
+                self.counts["log_speedup_sum"] += math.log(report.speedup)
+                self.counts["faster"] += int(self.reward.effective_speedup(report.speedup) > 1.0)
             graded.append(_rewarded(trajectory, self.reward(report), report))
         return graded
 
@@ -251,7 +254,8 @@ class KernelEnvironment(Environment):
                 "kernels/graded": float(counts["graded"]), "kernels/load_errors": float(counts["load_errors"]),
                 "kernels/incorrect": float(counts["incorrect"]), "kernels/no_submission": float(counts["no_submission"]),
                 "kernels/correct": float(counts["correct"]), "kernels/flagged": float(counts["flagged"]),
-                "kernels/speedup_sum": float(counts["speedup_sum"]),
+                "kernels/speedup_sum": float(counts["speedup_sum"]), "kernels/faster": float(counts["faster"]),
+                "kernels/log_speedup_sum": float(counts["log_speedup_sum"]),
                 "kernels/mean_speedup_of_correct": counts["speedup_sum"] / counts["correct"] if counts["correct"] else 0.0}
 
 
