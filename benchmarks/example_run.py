@@ -235,15 +235,16 @@ def kernels_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[
                      f"{num(row['submissions'], '.2f')} | {num(row['turns'], '.2f')} | {row['graded']} | "
                      f"{num(row['entropy'], '.3f')} |")
     first, last = rows[0], rows[-1]
-    lines += ["", f"The grader's reward went from {first['reward']:.3f} in the first tenth to {last['reward']:.3f} in the "
-              f"last ({last['reward'] / max(first['reward'], 1e-9):.1f}x, {last['reward'] - first['reward']:+.2f}); the "
-              f"share of correct answers from {100 * first['correct']:.0f}% to {100 * last['correct']:.0f}%, of correct "
-              f"and faster ones (beyond the noise floor) from {100 * first['faster']:.0f}% to {100 * last['faster']:.0f}%, "
-              f"the geometric mean speed-up of the correct from {num(first['speedup'], '.2f')}x to "
-              f"{num(last['speedup'], '.2f')}x."]
-    headline = (f"RL on the grader's reward took one run here ({minutes(s['wall_s'])} in all) from {first['reward']:.2f} "
-                f"to {last['reward']:.2f} between the first and the last tenth of {s['steps']} steps; correct answers "
-                f"{100 * first['correct']:.0f}% -> {100 * last['correct']:.0f}%.")
+    gain = (f"{last['reward'] / max(first['reward'], 1e-9):.1f}x, {last['reward'] - first['reward']:+.2f}"
+            if first["reward"] is not None and last["reward"] is not None else "n/a")
+    lines += ["", f"The grader's reward went from {num(first['reward'], '.3f')} in the first tenth to "
+              f"{num(last['reward'], '.3f')} in the last ({gain}); the share of correct answers from "
+              f"{100 * first['correct']:.0f}% to {100 * last['correct']:.0f}%, of correct and faster ones (beyond the "
+              f"noise floor) from {100 * first['faster']:.0f}% to {100 * last['faster']:.0f}%, the geometric mean "
+              f"speed-up of the correct from {num(first['speedup'], '.2f')}x to {num(last['speedup'], '.2f')}x."]
+    headline = (f"RL on the grader's reward took one run here ({minutes(s['wall_s'])} in all) from "
+                f"{num(first['reward'], '.2f')} to {num(last['reward'], '.2f')} between the first and the last tenth "
+                f"of {s['steps']} steps; correct answers {100 * first['correct']:.0f}% -> {100 * last['correct']:.0f}%.")
     return "\n".join(lines), headline
 
 
@@ -259,7 +260,7 @@ def compare_with_base(example: str, variant: str, summary: dict[str, Any]) -> st
     for label, rows in ((f"multi-turn (example_run-{example}.json, {str(base.get('commit', ''))[:12]})", base_rows),
                         (variant, summary["kernel_rows"])):
         first, last = rows[0], rows[-1]
-        lines.append(f"| {label} | {first['reward']:.3f} | {last['reward']:.3f} | {100 * first['correct']:.0f}% | "
+        lines.append(f"| {label} | {num(first['reward'], '.3f')} | {num(last['reward'], '.3f')} | {100 * first['correct']:.0f}% | "
                      f"{100 * last['correct']:.0f}% | {num(last['speedup'], '.2f')}x | {num(last['submissions'], '.2f')} |")
     return "\n".join(lines)
 
