@@ -14,9 +14,11 @@ command does), then renders from the run's ``metrics.jsonl``:
   turns, turns, compactions, tokens, entropy, seconds per tool call) and its length-penalty table
   (budget steps against unconstrained ones).
 
-* kernels (docs/kernels.md): per tenth the grader's reward, the share of graded answers that were
-  correct, their mean speed-up, the share that failed to load (the "compiler errors" of NumPy
-  code), submissions and turns per episode, and the share of gradings the report cache saved.
+* kernels (docs/kernels.md): per tenth the grader's reward, the shares of graded answers that were
+  correct and correct and faster (beyond the noise floor), the geometric mean speed-up of the
+  correct ones, the share that failed to load (the "compiler errors" of NumPy code), submissions
+  and turns per episode (the results file also keeps the share of submissions the environment's
+  report cache answered without a grading).
 
 * moe (docs/algorithms.md): the quickstart's table with the share of token-layer pairs whose experts
   the fp32 trainer's own routers would have chosen differently from the bf16 engine's (replayed).

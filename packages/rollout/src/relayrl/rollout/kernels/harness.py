@@ -17,10 +17,11 @@ batch (the reference's file is unlinked before the candidate starts), run the ba
 and reply when done; the harness times the round trip with its own clock. Every call of a batch
 gets inputs no earlier call saw, so neither a cache nor a lookup of "known" inputs can answer it.
 After each timed batch the worker reports a digest of every output (the dot product with random
-weights, drawn from a seed the harness picks per grading and sends with the request), which the harness compares, within the task's tolerance, with the reference's outputs
-for the same inputs: a candidate that answers the timed calls differently from the checked ones
-fails. Batches alternate between the workers (order swapped each round) on one pinned core, with
-the thread counts of NumPy's libraries fixed at one.
+weights, drawn from a seed the harness picks per grading and sends with the request), which the
+harness compares, within the task's tolerance, with the reference's outputs for the same inputs: a
+candidate that answers the timed calls differently from the checked ones fails. Batches alternate
+between the workers (order swapped each round) on one pinned core, with the thread counts of
+NumPy's libraries fixed at one.
 
 What the candidate worker may do is narrowed twice. A Python audit hook, installed before the
 candidate's source is compiled, refuses (and reports on a channel the candidate cannot reach
