@@ -104,6 +104,14 @@ def num(value: float | None, spec: str, scale: float = 1.0) -> str:
     return "n/a" if value is None else format(value * scale, spec)
 
 
+def change(first: float | None, last: float | None) -> str:
+    """``last`` against ``first`` as "2.0x, +0.43", or ``n/a`` where a tenth recorded no value (a
+    quick run's one-step tenth may have graded nothing yet)."""
+    if first is None or last is None:
+        return "n/a"
+    return f"{last / max(first, 1e-9):.1f}x, {last - first:+.2f}"
+
+
 def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {round(seconds % 60):d} s"
 
@@ -149,15 +157,15 @@ def quickstart_markdown(records: list[dict[str, Any]], s: dict[str, Any], column
         lines.append(f"| {chunk[0]['step']}-{chunk[-1]['step']} | "
                      + " | ".join(cell(mean(chunk, name), name) for name, _ in columns) + " |")
     first, last = s["first_tenth"]["reward/fleet_mean"], s["last_tenth"]["reward/fleet_mean"]
-    lines += ["", f"The success rate of the last tenth is **{last / max(first, 1e-9):.1f}x** that of the first "
-              f"({last - first:+.2f} absolute); entropy {s['first_tenth']['entropy/token_mean']:.2f} -> "
-              f"{s['last_tenth']['entropy/token_mean']:.2f} nats/token. Fleet: {num(s['fleet_tokens_per_s'], ',.0f')} tokens/s, "
+    ratio, delta = change(first, last).split(", ") if first is not None and last is not None else ("n/a", "n/a")
+    lines += ["", f"The success rate of the last tenth is **{ratio}** that of the first ({delta} absolute); entropy {num(s['first_tenth']['entropy/token_mean'], '.2f')} -> "
+              f"{num(s['last_tenth']['entropy/token_mean'], '.2f')} nats/token. Fleet: {num(s['fleet_tokens_per_s'], ',.0f')} tokens/s, "
               f"{s['groups_graded']:,} groups graded ({s['answers_graded']:,} answers in {s['sandbox_calls']:,} sandbox "
               f"commands). Trainer: {num(s['trainer_step_s'], '.2f')} s per step, of which the checkpoint blocked "
               f"{num(s['checkpoint_blocking_s'], '.0f', 1000)} ms; the engine applied {s['engine_weight_updates']} "
               f"weight versions in place; deltas {num(s['delta_ratio'], '.2f')}x smaller than the full weights."]
     headline = (f"Measured here: {minutes(s['wall_s'])} from the command to the report, the success rate "
-                f"{first:.3f} in the first tenth of {s['steps']} steps and {last:.3f} in the last.")
+                f"{num(first, '.3f')} in the first tenth of {s['steps']} steps and {num(last, '.3f')} in the last.")
     return "\n".join(lines), headline
 
 
@@ -169,21 +177,22 @@ def agent_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[st
              f"{s['steps']} RL steps and the rest start-up, the demonstrations and the warm-up. Every column is a mean "
              "over every graded trajectory of those steps (trained on or not); the reward is the grader's, before "
              "the length penalty:", "", *tenths_table(records), "",
-             f"The grader's reward went from {first[reward]:.3f} in the first tenth to {last[reward]:.3f} in the last "
-             f"({last[reward] / max(first[reward], 1e-9):.1f}x, {last[reward] - first[reward]:+.2f}); tool calls per "
-             f"trajectory from {first['fleet/tool_calls_per_trajectory']:.2f} to {last['fleet/tool_calls_per_trajectory']:.2f}; "
-             f"the share of turns with parallel calls from {first['fleet/parallel_turn_share']:.2f} to "
-             f"{last['fleet/parallel_turn_share']:.2f}; in every tenth {100 * min(compacted):.0f}% to "
+             f"The grader's reward went from {num(first[reward], '.3f')} in the first tenth to {num(last[reward], '.3f')} "
+             f"in the last ({change(first[reward], last[reward])}); tool calls per trajectory from "
+             f"{num(first['fleet/tool_calls_per_trajectory'], '.2f')} to {num(last['fleet/tool_calls_per_trajectory'], '.2f')}; "
+             f"the share of turns with parallel calls from {num(first['fleet/parallel_turn_share'], '.2f')} to "
+             f"{num(last['fleet/parallel_turn_share'], '.2f')}; in every tenth {100 * min(compacted):.0f}% to "
              f"{100 * max(compacted):.0f}% of the trajectories compacted, continued from their summary and were "
              "trained on."]
     penalty = length_penalty_table(records)
     if penalty:
         lines += ["", "The length penalty's phases (budget steps against unconstrained ones):", "", *penalty]
     headline = (f"RL on the grader's reward took one run here ({minutes(s['wall_s'])} in all) from "
-                f"{first[reward]:.2f} to {last[reward]:.2f} between the first and the last tenth of {s['steps']} steps, "
-                f"with tool calls per trajectory going from {first['fleet/tool_calls_per_trajectory']:.1f} to "
-                f"{last['fleet/tool_calls_per_trajectory']:.1f} and the share of turns with parallel calls from "
-                f"{first['fleet/parallel_turn_share']:.2f} to {last['fleet/parallel_turn_share']:.2f}.")
+                f"{num(first[reward], '.2f')} to {num(last[reward], '.2f')} between the first and the last tenth of "
+                f"{s['steps']} steps, with tool calls per trajectory going from "
+                f"{num(first['fleet/tool_calls_per_trajectory'], '.1f')} to {num(last['fleet/tool_calls_per_trajectory'], '.1f')} "
+                f"and the share of turns with parallel calls from {num(first['fleet/parallel_turn_share'], '.2f')} to "
+                f"{num(last['fleet/parallel_turn_share'], '.2f')}.")
     return "\n".join(lines), headline
 
 
@@ -237,8 +246,7 @@ def kernels_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[
                      f"{num(row['submissions'], '.2f')} | {num(row['turns'], '.2f')} | {row['graded']} | "
                      f"{num(row['entropy'], '.3f')} |")
     first, last = rows[0], rows[-1]
-    gain = (f"{last['reward'] / max(first['reward'], 1e-9):.1f}x, {last['reward'] - first['reward']:+.2f}"
-            if first["reward"] is not None and last["reward"] is not None else "n/a")
+    gain = change(first["reward"], last["reward"])
     lines += ["", f"The grader's reward went from {num(first['reward'], '.3f')} in the first tenth to "
               f"{num(last['reward'], '.3f')} in the last ({gain}); the share of correct answers from "
               f"{100 * first['correct']:.0f}% to {100 * last['correct']:.0f}%, of correct and faster ones (beyond the "
