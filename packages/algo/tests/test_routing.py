@@ -1,5 +1,6 @@
 """MoE routing capture and forced routing on a real transformers Qwen3-MoE model."""
 
+import threading
 from collections import Counter
 
 import pytest
@@ -36,6 +37,21 @@ def test_routers_are_found_in_layer_order_and_a_dense_model_has_none():
     dense = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1,
                                                                    num_attention_heads=2, intermediate_size=64))
     assert moe_routers(dense) == []
+
+
+def test_a_capture_records_only_the_forwards_of_the_thread_that_entered_it():
+    # Two engines serving one model object from two threads: each capture must see its own forwards.
+    model = tiny_moe()
+    routers = moe_routers(model)
+    mine, theirs = tokens(seed=1, shape=(1, 5)), tokens(seed=2, shape=(2, 7))
+    with torch.no_grad(), RoutingCapture(routers) as capture:
+        other = threading.Thread(target=lambda: model(input_ids=theirs))
+        other.start()
+        other.join()
+        with pytest.raises(RuntimeError, match="did not run"):
+            capture.take()
+        model(input_ids=mine)
+        assert capture.take().shape[0] == mine.numel()
 
 
 def test_replayed_gates_of_the_routers_own_choice_are_bitwise_its_gates():

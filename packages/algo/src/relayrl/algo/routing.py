@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -85,6 +86,10 @@ class RoutingCapture:
     ``with RoutingCapture(routers) as capture: model(...)``; then :meth:`take` returns one
     ``[rows, layers, top_k]`` int tensor per forward call (rows = the flattened batch x positions
     of that forward, in the router's order) and clears the record.
+
+    Only forwards run by the thread that entered the block are recorded: forward hooks belong to the
+    module, so two engines serving one model object from two threads would otherwise each record the
+    other's forwards too (and a record would mix the two generations' routing).
     """
 
     def __init__(self, routers: list[RouterInfo]) -> None:
@@ -93,8 +98,10 @@ class RoutingCapture:
         self.routers = routers
         self._layers: list[torch.Tensor | None] = [None] * len(routers)
         self._handles: list[Any] = []
+        self._thread: int | None = None
 
     def __enter__(self) -> RoutingCapture:
+        self._thread = threading.get_ident()
         for layer, router in enumerate(self.routers):
             self._handles.append(router.module.register_forward_hook(self._hook(layer)))
         return self
@@ -106,7 +113,8 @@ class RoutingCapture:
 
     def _hook(self, layer: int) -> Any:
         def record(module: torch.nn.Module, args: Any, output: Any) -> None:
-            self._layers[layer] = output[2].detach()
+            if threading.get_ident() == self._thread:
+                self._layers[layer] = output[2].detach()
         return record
 
     def take(self) -> torch.Tensor:
