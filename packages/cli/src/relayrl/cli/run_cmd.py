@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE",
                         help="override a config value (repeatable; parsed as TOML)")
     parser.add_argument("--steps", type=int, default=None, help="shorthand for --set trainer.steps=N")
+    parser.add_argument("--launcher", default=None, metavar="NAME",
+                        help="where the processes run (relayrl_cli_launchers: local, ray, ...); "
+                             "shorthand for --set launcher.backend=NAME")
     parser.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     parser.set_defaults(handler=run)
 
@@ -33,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     from relayrl.core.plugins import get_plugin_manager
 
     overrides = list(args.overrides) + ([f"trainer.steps={args.steps}"] if args.steps is not None else [])
+    if args.launcher is not None:
+        overrides.append(f"launcher.backend={json.dumps(args.launcher)}")
     pm = get_plugin_manager()
     if args.resume:
         if args.config:
@@ -51,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{layout.root} already holds a run: continue it with --resume {layout.root}, "
                               "or choose another --run-dir")
     _preflight(config, pm)
+    backend = _launcher_backend(config, pm, layout.root)
     # One launcher per run, taken before anything in the run directory or on its bus is written.
     lease = RunLease(layout.bus(config), ttl_s=config.run.lease_ttl_s, where=f"run {layout.root}")
     lease.acquire()
@@ -59,10 +66,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{layout.root} already holds a run: continue it with --resume {layout.root}")
         layout.create(config.raw)
         display = Display(layout, total_steps=config.trainer.steps)
-        launcher = Launcher(layout, config, on_tick=display.tick, lease=lease)
+        launcher = Launcher(layout, config, on_tick=display.tick, lease=lease, backend=backend)
         previous = {signum: signal.signal(signum, lambda *_: launcher.stop())
                     for signum in (signal.SIGINT, signal.SIGTERM)}
         print(f"run directory: {layout.root}  (logs in {layout.logs})", flush=True)
+        print(backend.describe(), flush=True)
         try:
             status = launcher.run()
         finally:
@@ -117,6 +125,16 @@ def _first_difference(old: Any, new: Any, path: str) -> tuple[str, Any, Any] | N
 
 def _shown(value: Any) -> str:
     return "it unset" if value is _ABSENT else repr(value)
+
+
+def _launcher_backend(config: Any, pm: Any, run_dir: Path) -> Any:
+    """The ``[launcher]`` backend, built (a cluster launcher connects to its cluster here)."""
+    from relayrl.core.config import resolve_plugin
+
+    section = config.launcher
+    record, options = resolve_plugin(pm, "relayrl_cli_launchers", section.backend, section.options, kind="launcher",
+                                     path="launcher.backend", options_path="launcher.options")
+    return record.factory(options=options, world=config.trainer.ranks, run_dir=run_dir)
 
 
 def _preflight(config: Any, pm: Any) -> None:

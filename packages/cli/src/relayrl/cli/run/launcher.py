@@ -15,6 +15,12 @@ from its newest complete checkpoint; a dead mirror is restarted (engines keep se
 when the trainer exits cleanly (``[trainer] steps`` reached, or stopped). A trainer of ``[trainer]
 ranks`` > 1 is one process per rank, supervised as one (:class:`TrainerRanks`).
 
+Where the processes run is the launcher backend's business (``[launcher] backend``; the
+:mod:`relayrl.cli.hookspecs` contract): ``local`` (built in) starts them on this machine, a plugin
+such as ``relayrl-ray`` places them on a cluster. Everything above is the same for every backend;
+an engine that comes back at another address (a cluster placed it on another node) restarts the
+rollout process with the new addresses.
+
 One launcher per run: the launcher holds the run's lease (:mod:`relayrl.cli.run.lease`) and hands its
 generation to every child. A launcher whose lease a newer one took over stops its fleet, and a child
 that finds itself fenced exits with ``EXIT_FENCED``, which is never restarted.
@@ -36,6 +42,7 @@ from typing import IO, Any
 
 import msgspec
 
+from relayrl.cli.hookspecs import LauncherBackend, RoleProcess
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
 from relayrl.cli.run.lease import EXIT_FENCED, FENCE_ENV, RunLease
@@ -60,22 +67,29 @@ def _die_with_parent() -> None:
 
 
 class Child:
-    """One supervised process with its log file."""
+    """One supervised process on this machine with its log file (the local launcher's
+    :class:`~relayrl.cli.hookspecs.RoleProcess`). ``env`` is added to this process's environment."""
+
+    node = "local"
 
     def __init__(self, name: str, argv: list[str], log_path: Path, *, env: dict[str, str] | None = None) -> None:
         self.name = name
         self.argv = argv
         self.log_path = log_path
-        self.env = env
+        self.env = dict(env or {})
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
         self._log: IO[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.process is None or self.process.poll() is not None else self.process.pid
 
     def start(self, *, capture_stdout: bool = False) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE if capture_stdout else self._log,
-                                        stderr=self._log, stdin=subprocess.DEVNULL, env=self.env,
+                                        stderr=self._log, stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
                                         start_new_session=True, preexec_fn=_die_with_parent)
 
     def read_ready(self, timeout_s: float, on_wait: Callable[[], None] = lambda: None) -> int:
@@ -144,13 +158,13 @@ class TrainerRanks:
 
     name = "trainer"
 
-    def __init__(self, argv: list[str], logs: Path, world: int, env: dict[str, str], *, elastic: bool = False,
-                 max_restarts: int = 0,
+    def __init__(self, argv: list[str], logs: Path, world: int, env: dict[str, str], *, backend: LauncherBackend,
+                 elastic: bool = False, max_restarts: int = 0,
                  on_rank_restart: Callable[[str, int, int, list[str], bool], None] = lambda *_: None) -> None:
-        self.argv, self.logs, self.world, self.env = argv, logs, world, env
+        self.argv, self.logs, self.world, self.env, self.backend = argv, logs, world, env, backend
         self.elastic, self.max_restarts, self.on_rank_restart = elastic, max_restarts, on_rank_restart
         self._given_up: set[str] = set()
-        self.ranks: list[Child] = []
+        self.ranks: list[RoleProcess] = []
         self.restarts = 0
         self.failed: str | None = None
         """The rank process whose exit ended the group (``trainer-1``), for the restart event."""
@@ -161,23 +175,30 @@ class TrainerRanks:
         return self.logs / "trainer.log"
 
     @property
-    def process(self) -> subprocess.Popen[bytes] | None:
-        """The leader's process (None before :meth:`start`)."""
-        return self.ranks[0].process if self.ranks else None
+    def pid(self) -> int | None:
+        """The leader's process id (None before :meth:`start`)."""
+        return self.ranks[0].pid if self.ranks else None
+
+    @staticmethod
+    def rank_name(rank: int) -> str:
+        return "trainer" if rank == 0 else f"trainer-{rank}"
 
     def start(self) -> None:
-        port = _free_port()
-        for rank in range(self.world):
-            env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world),
-                       LOCAL_WORLD_SIZE=str(self.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-            name = "trainer" if rank == 0 else f"trainer-{rank}"
-            child = Child(name, self.argv, self.logs / f"{name}.log", env=env)
-            child.start()
-            self.ranks.append(child)
+        # Every rank's place first (a cluster gang-schedules them), then rank 0's address is the rendezvous.
+        slots = [self.backend.place("trainer", self.rank_name(rank), rank=rank) for rank in range(self.world)]
+        master = slots[0]
+        rendezvous = {"MASTER_ADDR": master.host, "MASTER_PORT": str(master.free_port())}
+        # LOCAL_RANK: a rank's index among the ranks of its node (which GPU it takes).
+        hosts = [slot.host for slot in slots]
+        for rank, slot in enumerate(slots):
+            local = [index for index, host in enumerate(hosts) if host == hosts[rank]]
+            env = dict(self.env, RANK=str(rank), LOCAL_RANK=str(local.index(rank)), WORLD_SIZE=str(self.world),
+                       LOCAL_WORLD_SIZE=str(len(local)), **rendezvous)
+            name = self.rank_name(rank)
+            self.ranks.append(slot.start(name, self.argv, self.logs / f"{name}.log", env))
 
     def pids(self) -> dict[str, int]:
-        return {child.name: child.process.pid for child in self.ranks
-                if child.process is not None and child.poll() is None}
+        return {child.name: child.pid for child in self.ranks if child.pid is not None and child.poll() is None}
 
     def poll(self) -> int | None:
         """None while the group runs; 0 once every rank exited cleanly; else the first failure's status."""
@@ -215,8 +236,8 @@ class TrainerRanks:
                 self._given_up.add(child.name)
                 self.on_rank_restart(child.name, status, child.restarts, tail, False)
                 continue
-            fresh = Child(child.name, self.argv, child.log_path, env=child.env)
-            fresh.start()
+            fresh = self.backend.place("trainer", child.name, rank=index).start(child.name, self.argv, child.log_path,
+                                                                                  child.env)
             fresh.restarts = child.restarts + 1
             self.ranks[index] = fresh
             self.on_rank_restart(child.name, status, fresh.restarts, tail, True)
@@ -255,19 +276,11 @@ def _command_line(pid: int) -> str:
         return ""
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class Launcher:
     """Runs one ``relayrl run`` (see the module docstring)."""
 
     def __init__(self, layout: RunLayout, config: Config, *, on_tick: Callable[[], None] = lambda: None,
-                 python: str = sys.executable, lease: RunLease | None = None) -> None:
+                 backend: LauncherBackend | None = None, lease: RunLease | None = None) -> None:
         self.layout = layout
         self.lease = lease
         """The run's lease, taken by the caller; the launcher keeps it beating while it runs."""
@@ -275,37 +288,49 @@ class Launcher:
         self.config = config
         self.on_tick = on_tick
         self._display_failed = False
-        self.python = python
+        if backend is None:
+            from relayrl.cli.run.local_backend import LocalBackend
+
+            backend = LocalBackend()
+        self.backend = backend
+        """Where the processes run (``[launcher] backend``)."""
         self.stopping = threading.Event()
-        self.trainer: Child | TrainerRanks | None = None
-        self.engines: list[Child] = []
-        self.mirror: Child | None = None
+        self.trainer: RoleProcess | TrainerRanks | None = None
+        self.engines: list[RoleProcess] = []
+        self.mirror: RoleProcess | None = None
         """The node mirror (``[weight_sync] stage_url``): copies each version from the bus to the stage."""
-        self.engine_ports: list[int] = []
-        self.rollout: Child | None = None
-        self._pids: dict[str, int] = {}
+        self.engine_urls: list[str] = []
+        self.rollout: RoleProcess | None = None
+        self._pids: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ processes
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env["PYTHONUNBUFFERED"] = "1"
+        """What every process gets on top of the environment of the place it runs in."""
+        env = {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         if self.lease is not None and self.lease.generation is not None:
             env[FENCE_ENV] = str(self.lease.generation)
         return env
 
-    def _trainer_child(self) -> Child | TrainerRanks:
-        argv = [self.python, "-m", "relayrl.cli.run.trainer_process", str(self.layout.root)]
-        if self.config.trainer.ranks > 1:
-            return TrainerRanks(argv, self.layout.logs, self.config.trainer.ranks, env=self._env(),
-                                elastic=self.config.trainer.elastic, max_restarts=self.config.rollout.max_restarts,
-                                on_rank_restart=self._rank_restarted)
-        return Child("trainer", argv, self.layout.logs / "trainer.log", env=self._env())
+    def _start(self, role: str, name: str, argv: list[str], *, capture_stdout: bool = False) -> RoleProcess:
+        """Place and start one process (``argv`` without the interpreter), logging to ``logs/<name>.log``."""
+        slot = self.backend.place(role, name)
+        return slot.start(name, argv, self.layout.logs / f"{name}.log", self._env(), capture_stdout=capture_stdout)
 
-    def _engine_child(self, index: int, port: int = 0) -> Child:
+    def _trainer_child(self) -> RoleProcess | TrainerRanks:
+        argv = ["-m", "relayrl.cli.run.trainer_process", str(self.layout.root)]
+        if self.config.trainer.ranks > 1:
+            ranks = TrainerRanks(argv, self.layout.logs, self.config.trainer.ranks, env=self._env(),
+                                 backend=self.backend, elastic=self.config.trainer.elastic,
+                                 max_restarts=self.config.rollout.max_restarts, on_rank_restart=self._rank_restarted)
+            ranks.start()
+            return ranks
+        return self._start("trainer", "trainer", argv)
+
+    def _engine_argv(self, index: int, host: str, port: int = 0) -> list[str]:
         section = self.config.rollout
-        argv = [self.python, "-m", "relayrl.rollout.engines.http", "--model", str(self.layout.model_path(self.config)),
-                "--port", str(port), "--engine-id", f"engine-{index}", "--threads", str(section.engine_threads),
+        return ["-m", "relayrl.rollout.engines.http", "--model", str(self.layout.model_path(self.config)),
+                "--host", host, "--port", str(port), "--engine-id", f"engine-{index}",
+                "--threads", str(section.engine_threads),
                 "--max-batch", str(section.max_batch), "--seed", str(self.config.run.seed + index),
                 "--bus", self.layout.bus_url(self.config), "--bus-options", json.dumps(dict(self.config.store.options)),
                 # The run's [weight_sync]: apply mode, verification, cache resets, the node mirror ...
@@ -317,25 +342,31 @@ class Launcher:
                 # Routers whose engines register themselves (Dynamo) get each engine registered.
                 "--router", section.router, "--router-options", json.dumps(dict(section.router_options)),
                 "--deployment", str(self.layout.root)]
-        return Child(f"engine-{index}", argv, self.layout.logs / f"engine-{index}.log", env=self._env())
 
-    def _mirror_child(self) -> Child:
-        """This machine's node mirror: versions cross from the bus to ``stage_url`` once for every engine."""
+    def _mirror_child(self) -> RoleProcess:
+        """The node mirror: versions cross from the bus to ``stage_url`` once for every engine."""
         section = self.config.weight_sync
-        return Child("mirror", [self.python, "-m", "relayrl.weight_sync.mirror", self.layout.bus_url(self.config),
-                                section.stage_url, "--remote-options", json.dumps(dict(self.config.store.options)),
-                                "--prefix", section.prefix, "--poll-interval", str(section.poll_interval_s)],
-                     self.layout.logs / "mirror.log", env=self._env())
+        return self._start("mirror", "mirror", ["-m", "relayrl.weight_sync.mirror", self.layout.bus_url(self.config),
+                                                section.stage_url, "--remote-options",
+                                                json.dumps(dict(self.config.store.options)), "--prefix", section.prefix,
+                                                "--poll-interval", str(section.poll_interval_s)])
 
-    def _rollout_child(self) -> Child:
-        urls = [f"http://127.0.0.1:{port}" for port in self.engine_ports]
-        return Child("rollout", [self.python, "-m", "relayrl.cli.run.rollout_process", str(self.layout.root), *urls],
-                     self.layout.logs / "rollout.log", env=self._env())
+    def _rollout_child(self) -> RoleProcess:
+        return self._start("rollout", "rollout", ["-m", "relayrl.cli.run.rollout_process", str(self.layout.root),
+                                                  *self.engine_urls])
 
-    def _start_engine(self, index: int, port: int = 0) -> tuple[Child, int]:
-        child = self._engine_child(index, port)
-        child.start(capture_stdout=True)
-        return child, child.read_ready(self.config.rollout.start_timeout_s, self._tick)
+    def _start_engine(self, index: int, port: int = 0) -> tuple[RoleProcess, str]:
+        """Engine ``index`` started and serving; its URL. ``port``: the one it had (0: any), kept
+        when it comes back on the same host, so the router finds it again."""
+        name = f"engine-{index}"
+        slot = self.backend.place("engine", name)
+        previous = self.engine_urls[index] if index < len(self.engine_urls) else ""
+        if not previous.startswith(f"http://{slot.host}:"):
+            port = 0
+        child = slot.start(name, self._engine_argv(index, slot.host, port), self.layout.logs / f"{name}.log",
+                           self._env(), capture_stdout=True)
+        bound = child.read_ready(self.config.rollout.start_timeout_s, self._tick)
+        return child, f"http://{slot.host}:{bound}"
 
     def _tick(self) -> None:
         if self.stopping.is_set():
@@ -350,17 +381,19 @@ class Launcher:
                       "the run goes on", file=sys.stderr, flush=True)
 
     def _write_pids(self) -> None:
-        """``status/launcher.json``: the pid of every live child (for operators, and the fault tests)."""
-        children = [*self.engines, self.rollout, self.mirror]
-        pids = {child.name: child.process.pid for child in children
-                if child is not None and child.process is not None and child.poll() is None}
+        """``status/launcher.json``: the pid of every live child and the node it runs on (for operators,
+        and the fault tests)."""
+        children: list[Any] = [*self.engines, self.rollout, self.mirror]
         if isinstance(self.trainer, TrainerRanks):
-            pids.update(self.trainer.pids())
-        elif self.trainer is not None and self.trainer.process is not None and self.trainer.poll() is None:
-            pids["trainer"] = self.trainer.process.pid
-        if pids != self._pids:
-            self._pids = pids
-            self.layout.write_status("launcher", {"pid": os.getpid(), "children": pids})
+            children += self.trainer.ranks
+        elif self.trainer is not None:
+            children.append(self.trainer)
+        live = [child for child in children if child is not None and child.pid is not None and child.poll() is None]
+        view = {"pid": os.getpid(), "children": {child.name: child.pid for child in live},
+                "nodes": {child.name: child.node for child in live}}
+        if view != self._pids:
+            self._pids = view
+            self.layout.write_status("launcher", view)
 
     def _wait_for_first_weights(self) -> None:
         assert self.trainer is not None
@@ -414,18 +447,15 @@ class Launcher:
             self.lease.start_heartbeat()
         try:
             self.trainer = self._trainer_child()
-            self.trainer.start()
             self._wait_for_first_weights()
             if self.config.weight_sync.stage_url:  # the engines read the stage: fill it first
                 self.mirror = self._mirror_child()
-                self.mirror.start()
             # With engines_in_process the rollout process hosts the engines itself: no engine servers.
             for index in range(0 if self.config.rollout.engines_in_process else self.config.rollout.engines):
-                child, port = self._start_engine(index)
+                child, url = self._start_engine(index)
                 self.engines.append(child)
-                self.engine_ports.append(port)
+                self.engine_urls.append(url)
             self.rollout = self._rollout_child()
-            self.rollout.start()
             return self._supervise()
         except KeyboardInterrupt:
             if self.lost_lease is not None:
@@ -453,9 +483,23 @@ class Launcher:
                 self.trainer = self._restart(self.trainer, limit, self._trainer_child)
             if self.mirror is not None and self.mirror.poll() is not None:
                 self.mirror = self._restart(self.mirror, limit, self._mirror_child)
+            moved = False
             for index, engine in enumerate(self.engines):
                 if engine.poll() is not None:
+                    before = self.engine_urls[index]
                     self.engines[index] = self._restart(engine, limit, lambda i=index: self._revive_engine(i))
+                    moved = moved or self.engine_urls[index] != before
+            if moved and self.rollout.poll() is None:
+                # The rollout process knows the engines by address: start it again with the new ones (its
+                # producer continues its segment sequence, as after any restart of it).
+                write_event(self.layout, "launcher", "engine-moved", "an engine came back at another address; "
+                            "restarting the rollout process with the new addresses",
+                            data={"engines": list(self.engine_urls)})
+                self.rollout.terminate()
+                self.rollout.wait(30)
+                rollout = self._rollout_child()
+                rollout.restarts = self.rollout.restarts
+                self.rollout = rollout
             if self.rollout.poll() is not None:
                 self.rollout = self._restart(self.rollout, limit, self._rollout_child)
             time.sleep(0.5)
@@ -472,8 +516,9 @@ class Launcher:
             write_event(self.layout, "launcher", "restart", f"{name} died (exit {status}) after {restarts} restarts; "
                         "not restarting it: the other ranks train on without it", level="error", data=data)
 
-    def _revive_engine(self, index: int) -> Child:
-        child, _ = self._start_engine(index, self.engine_ports[index])  # same port: the router finds it again
+    def _revive_engine(self, index: int) -> RoleProcess:
+        port = int(self.engine_urls[index].rsplit(":", 1)[1])
+        child, self.engine_urls[index] = self._start_engine(index, port)
         return child
 
     def _restart(self, child: Any, limit: int, make: Callable[[], Any]) -> Any:
@@ -492,8 +537,6 @@ class Launcher:
                                            "log_tail": tail, "log": str(child.log_path)})
         child.wait(0)
         fresh = make()
-        if fresh.process is None:
-            fresh.start()
         fresh.restarts = child.restarts + 1
         return fresh
 
@@ -509,6 +552,7 @@ class Launcher:
         if self.trainer is not None:
             self.trainer.terminate()
             self.trainer.wait(120)
+        self.backend.close()
 
     def stop(self) -> None:
         """Ask the run to stop (from a signal handler)."""

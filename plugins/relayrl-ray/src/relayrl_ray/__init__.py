@@ -1,0 +1,1 @@
+"""relayrl-ray: the ``ray`` launcher (``relayrl run CONFIG --launcher ray``)."""
