@@ -335,8 +335,10 @@ def ray(session: nox.Session) -> None:
         private = ["unshare", "--net", "--fork", "--"] if _can_unshare_net() else []
         if not private:
             session.log("cannot make a network namespace here (needs root or user namespaces): cluster tests skip")
-        session.run(*private, "sh", "-c", f"{'ip link set lo up && ' if private else ''}{python} -m pytest {tests}",
-                    external=True)
+        setup = "ip link set lo up && " if private else ""
+        session.run(*private, "sh", "-c", f"{setup}{python} -m pytest {tests}", external=True)
+        benchmark = shlex.quote(str(ROOT / "benchmarks" / "launcher_overhead.py"))
+        session.run(*private, "sh", "-c", f"{setup}{python} {benchmark} --quick", external=True)
 
 
 def _can_unshare_net() -> bool:

@@ -27,7 +27,10 @@ def launch(cluster, run_dir: Path, steps: int, *extra: str) -> subprocess.Popen[
             str(run_dir), "--steps", str(steps), "--no-report", "--launcher", "ray",
             "--set", f"launcher.options.address={json.dumps(cluster.address)}",
             "--set", f"launcher.options.roles={roles}", "--set", "trainer.warmup.steps=3",
-            "--set", "buffer.batch_groups=2", "--set", "rollout.max_restarts=3", *extra]
+            "--set", "buffer.batch_groups=2", "--set", "rollout.max_restarts=3",
+            # Three warm-up steps leave most groups all-wrong: train on them anyway (the path is the point).
+            "--set", "rollout.skip_zero_variance=false", "--set", "buffer.admission=['staleness']",
+            "--set", "rollout.environment_options.tasks=500", *extra]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"))
 
@@ -94,11 +97,18 @@ def test_killed_actors_and_a_lost_node_are_recovered_and_the_audit_is_clean(clus
         engine_node = launcher_view(run_dir)["nodes"]["engine-0"].split()[-1]
         gone = next(node for node in [cluster.nodes_by_label["engine"], spare] if node.node_id[:12] == engine_node)
         cluster.remove_node(gone)
+        # The engine comes back on the other engine-labelled node.
+        deadline = time.monotonic() + 300
+        while launcher_view(run_dir).get("nodes", {}).get("engine-0", engine_node).split()[-1] == engine_node:
+            assert run.poll() is None and time.monotonic() < deadline, "the engine never moved"
+            time.sleep(0.2)
         output = finish(run, run_dir, 900)
     finally:
         if run.poll() is None:
             run.kill()
-    restarts = [event.data["process"] for event in load_events(run_dir) if event.kind == "restart"]
+    events = load_events(run_dir)
+    print("\n".join(f"{event.kind}: {event.message}" for event in events if event.kind in ("restart", "engine-moved")))
+    restarts = [event.data["process"] for event in events if event.kind == "restart"]
     assert restarts.count("engine-0") == 2 and "rollout" in restarts and "trainer" in restarts, (restarts, output[-2000:])
     assert [record["step"] for record in read_metrics(run_dir)] == list(range(1, 15))
     report = verify_run(run_dir)
