@@ -83,15 +83,19 @@ def test_the_quickstart_runs_across_nodes_with_each_role_on_its_own(cluster, tmp
 
 
 def test_killed_actors_and_a_lost_node_are_recovered_and_the_audit_is_clean(cluster, tmp_path):
-    # A second engine-labelled node: when the first is removed, the engine has somewhere to go.
+    # A second engine-labelled node: when the first is removed, the engine has somewhere to go. And a
+    # second trainer-labelled one: the two trainer ranks are spread over two nodes (STRICT_SPREAD).
     spare = cluster.add_node(num_cpus=2, resources={"engine": 1})
+    cluster.add_node(num_cpus=2, resources={"trainer": 1})
     cluster.wait_for_nodes()
     run_dir = tmp_path / "run"
     run = launch(cluster, run_dir, 14, "--set", "trainer.ranks=2",
-                 "--set", 'launcher.options.roles.trainer={ num_cpus = 1, resources = { trainer = 1 } }')
+                 "--set", 'launcher.options.trainer_strategy="STRICT_SPREAD"')
     try:
         for step, victim in ((2, "engine-0"), (4, "rollout"), (6, "trainer-1")):
             wait_for_steps(run, run_dir, step)
+            nodes = launcher_view(run_dir)["nodes"]
+            assert nodes["trainer"].split()[-1] != nodes["trainer-1"].split()[-1], nodes
             os.kill(actor_pid(launcher_view(run_dir)["children"][victim]), signal.SIGKILL)
         wait_for_steps(run, run_dir, 8)
         engine_node = launcher_view(run_dir)["nodes"]["engine-0"].split()[-1]
@@ -113,3 +117,30 @@ def test_killed_actors_and_a_lost_node_are_recovered_and_the_audit_is_clean(clus
     assert [record["step"] for record in read_metrics(run_dir)] == list(range(1, 15))
     report = verify_run(run_dir)
     assert report.ok, report
+
+
+def test_stop_resume_and_one_launcher_per_run_hold_on_ray(cluster, tmp_path):
+    run_dir = tmp_path / "run"
+    run = launch(cluster, run_dir, 8)
+    try:
+        wait_for_steps(run, run_dir, 2)
+        # A second launcher of the same run is refused while the first holds the run's lease.
+        second = subprocess.run([sys.executable, "-m", "relayrl.cli", "run", "--resume", str(run_dir), "--launcher",
+                                 "ray", "--set", f"launcher.options.address={json.dumps(cluster.address)}"],
+                                capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2 and "one launcher per run" in second.stderr, second
+        run.send_signal(signal.SIGINT)  # Ctrl-C: the fleet stops, the trainer checkpoints, exit 130
+        output, _ = run.communicate(timeout=300)
+        assert run.returncode == 130 and "relayrl run --resume" in output, output[-2000:]
+    finally:
+        if run.poll() is None:
+            run.kill()
+    stopped_at = len(read_metrics(run_dir))
+    assert 2 <= stopped_at < 8
+    resumed = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "run", "--resume", str(run_dir), "--no-report",
+                                "--launcher", "ray", "--set", f"launcher.options.address={json.dumps(cluster.address)}"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finish(resumed, run_dir)
+    assert [record["step"] for record in read_metrics(run_dir)] == list(range(1, 9))
+    assert any(event.kind == "resumed" for event in load_events(run_dir))
+    assert verify_run(run_dir).ok

@@ -57,13 +57,13 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"{layout.root} already holds a run: continue it with --resume {layout.root}, "
                               "or choose another --run-dir")
     _preflight(config, pm)
-    backend = _launcher_backend(config, pm, layout.root)
     # One launcher per run, taken before anything in the run directory or on its bus is written.
     lease = RunLease(layout.bus(config), ttl_s=config.run.lease_ttl_s, where=f"run {layout.root}")
     lease.acquire()
     try:
         if not args.resume and layout.exists():  # another launcher created it while this one started
             raise ConfigError(f"{layout.root} already holds a run: continue it with --resume {layout.root}")
+        backend = _launcher_backend(config, pm, layout.root)  # a cluster launcher connects here
         layout.create(config.raw)
         display = Display(layout, total_steps=config.trainer.steps)
         launcher = Launcher(layout, config, on_tick=display.tick, lease=lease, backend=backend)
