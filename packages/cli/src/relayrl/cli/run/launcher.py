@@ -301,7 +301,7 @@ class Launcher:
         """The node mirror (``[weight_sync] stage_url``): copies each version from the bus to the stage."""
         self.engine_urls: list[str] = []
         self.rollout: RoleProcess | None = None
-        self._pids: dict[str, Any] = {}
+        self._status_view: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ processes
     def _env(self) -> dict[str, str]:
@@ -391,8 +391,8 @@ class Launcher:
         live = [child for child in children if child is not None and child.pid is not None and child.poll() is None]
         view = {"pid": os.getpid(), "children": {child.name: child.pid for child in live},
                 "nodes": {child.name: child.node for child in live}}
-        if view != self._pids:
-            self._pids = view
+        if view != self._status_view:
+            self._status_view = view
             self.layout.write_status("launcher", view)
 
     def _wait_for_first_weights(self) -> None:
