@@ -5,12 +5,16 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from relayrl.cli.run.launcher import Child, RunFailed, TrainerRanks
-from relayrl.cli.run.local_backend import LocalBackend
+from relayrl.cli.run.local_backend import LocalBackend, LocalSlot
+
+ROOT = Path(__file__).resolve().parents[3]
 
 NOISY = ("import sys, time; print('INFO engine core starting'); print('INFO loading weights'); "
          "print('READY 4321', flush=True); print('INFO serving', flush=True); time.sleep(30)")
@@ -129,3 +133,58 @@ def test_elastic_trainer_ranks_report_the_leaders_failure(tmp_path):
     os.kill(group.ranks[0].process.pid, signal.SIGKILL)
     assert wait_for_status(group) == -signal.SIGKILL and group.failed == "trainer"
     assert group.ranks[1].poll() is not None  # the follower was stopped with it (a full restart follows)
+
+
+class MovingBackend(LocalBackend):
+    """The local launcher, except that an engine placed again comes back at another address of this
+    machine (``localhost`` instead of ``127.0.0.1``): what a cluster does when it puts a restarted
+    engine on another node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.engine_places = 0
+
+    def place(self, role: str, name: str, *, rank: int | None = None) -> LocalSlot:
+        slot = super().place(role, name, rank=rank)
+        if role == "engine":
+            self.engine_places += 1
+            if self.engine_places > 1:
+                slot.host = "localhost"
+        return slot
+
+
+def test_an_engine_back_at_another_address_restarts_the_rollout_process_with_it(tmp_path):
+    from relayrl.cli.report import load_events
+    from relayrl.cli.run.launcher import Launcher
+    from relayrl.cli.run.layout import RunLayout
+    from relayrl.cli.run.ledger import verify_run
+    from relayrl.core.config import load_config
+    from relayrl.core.plugins import get_plugin_manager
+    from relayrl.trainer.metrics import read_metrics
+
+    overrides = ["trainer.steps=6", "trainer.warmup.steps=3", "rollout.environment_options.tasks=500",
+                 "buffer.batch_groups=2", "rollout.skip_zero_variance=false", "buffer.admission=['staleness']"]
+    config = load_config(ROOT / "examples" / "quickstart.toml", overrides=overrides, pm=get_plugin_manager())
+    layout = RunLayout(tmp_path / "run")
+    layout.create(config.raw)
+    launcher = Launcher(layout, config, backend=MovingBackend())
+    outcome: dict[str, int] = {}
+    supervisor = threading.Thread(target=lambda: outcome.update(status=launcher.run()))
+    supervisor.start()
+    try:
+        deadline = time.monotonic() + 300
+        while len(read_metrics(layout.root)) < 2:
+            assert supervisor.is_alive() and time.monotonic() < deadline, "the run made no progress"
+            time.sleep(0.2)
+        os.kill(launcher.engines[0].pid, signal.SIGKILL)
+        supervisor.join(600)
+    finally:
+        if supervisor.is_alive():
+            launcher.stop()
+            supervisor.join(120)
+    assert outcome.get("status") == 0
+    moved = [event for event in load_events(layout.root) if event.kind == "engine-moved"]
+    assert len(moved) == 1 and moved[0].data["engines"][0].startswith("http://localhost:")
+    assert launcher.engine_urls == moved[0].data["engines"]
+    assert [record["step"] for record in read_metrics(layout.root)] == list(range(1, 7))
+    assert verify_run(layout.root).ok
