@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
 import pytest
 
+from relayrl.core.config import ConfigError
 from relayrl.core.wire import ToolCall, Trajectory
 from relayrl.rollout.kernels.catalog import FAST, SHIPPED, chain_task, make_tasks
 from relayrl.rollout.kernels.environment import KernelConfig, KernelEnvironment
@@ -373,3 +375,43 @@ def test_without_a_final_grade_the_reward_is_the_last_submissions_own_grading(gr
     graded = asyncio.run(episode())
     assert environment.counts["gradings"] == 1 and environment.counts["submissions"] == 1
     assert graded[0].reward >= 0.3 and graded[0].reward_components["correct"] == 1.0
+
+
+def submitted_in(task, codes: list[str], index: int = 0) -> Trajectory:
+    """A trajectory whose assistant turn submitted ``codes`` (as the episode's ``submit`` calls)."""
+    trajectory = answered(task, "", index)
+    segment = trajectory.segments[0]
+    turn = msgspec.structs.replace(segment.turns[-1], tool_calls=[
+        ToolCall(id=f"c{number}", name="submit", arguments={"code": code}) for number, code in enumerate(codes)])
+    return msgspec.structs.replace(trajectory, segments=[msgspec.structs.replace(segment, turns=[*segment.turns[:-1],
+                                                                                              turn])])
+
+
+@pytest.mark.parametrize("final_grade", [True, False])
+def test_an_exploit_attempted_before_a_clean_answer_still_zeroes_the_episode(grader, final_grade) -> None:
+    environment = KernelEnvironment(KernelConfig(tasks=20, feedback_rounds=2, grading_rounds=2,
+                                                 final_grade=final_grade))
+    task = next(spec for spec in environment.tasks() if spec.task_id == "swish")
+    cheat = EXPLOITS["patches-the-timer"]
+    graded = asyncio.run(environment.grade(task, [submitted_in(task, [cheat, RIGHT]), submitted_in(task, [RIGHT], 1)],
+                                           [RIGHT, RIGHT]))
+    assert graded[0].reward == 0.0 and graded[0].cheating[0].detector == "kernel-patches-module"
+    assert graded[1].reward >= KernelConfig().correct and not graded[1].cheating
+
+
+def test_with_best_submission_a_worse_later_attempt_never_costs_the_correct_one(grader) -> None:
+    wrong = "import numpy as np\ndef kernel(x):\n    return x\n"
+    rewards = {}
+    for best in (False, True):
+        environment = KernelEnvironment(KernelConfig(tasks=20, feedback_rounds=2, final_grade=False,
+                                                     best_submission=best))
+        task = next(spec for spec in environment.tasks() if spec.task_id == "swish")
+        graded = asyncio.run(environment.grade(task, [submitted_in(task, [RIGHT, wrong])], [wrong]))
+        rewards[best] = graded[0].reward
+        assert environment.counts["gradings"] == 2  # each candidate once, whatever the mode
+    assert rewards[False] == 0.0 and rewards[True] >= KernelConfig().correct
+
+
+def test_best_submission_needs_the_submissions_own_gradings() -> None:
+    with pytest.raises(ConfigError, match=r"environment_options\.best_submission"):
+        KernelConfig(best_submission=True).check(None, "rollout.environment_options")

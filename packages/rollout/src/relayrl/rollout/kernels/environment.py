@@ -13,7 +13,13 @@ noise to both sides of every ratio. A candidate is graded once per task and numb
 environment keeps the last :data:`REPORTS_KEPT` reports, so identical submissions (a sharpened policy
 writes many) and identical answers within a group share one grading. With ``final_grade = false``
 the reward is the last submission's own grading (its rounds are ``feedback_rounds``), one grading
-less per episode.
+less per episode; with ``best_submission = true`` as well, the best of the episode's submissions' own
+gradings (a later attempt at a faster kernel then never costs the correct one before it, the
+multi-turn refinement Kevin's reward credits).
+
+Whatever the reward is taken from, every candidate the episode submitted is checked: one flagged
+as an exploit attempt zeroes the episode's reward and its evidence is kept, even when a clean
+candidate came after it (its grading is the kept report of its ``submit``: no extra cost).
 
 **Demonstrations** (the supervised warm-up) are played through the run's harness and the real
 ``submit`` tool on generated chains of their own stream, in one of :data:`STYLES`: submit the
@@ -89,6 +95,9 @@ class KernelConfig(Section, kw_only=True):
     final_grade: bool = True
     """Grade the episode's answer again with ``grading_rounds``; false: the reward is the last
     submission's own grading (``feedback_rounds``), one grading less per episode."""
+    best_submission: bool = False
+    """With ``final_grade = false``: the reward is the best of the episode's submissions' own
+    gradings, not the last's."""
     timeout_s: float = 60.0
     """Wall-clock limit of one grading; a candidate that takes longer is graded ``timeout``."""
     max_submissions: int = 8
@@ -112,6 +121,9 @@ class KernelConfig(Section, kw_only=True):
         low, high = self.chain_length
         if not 1 <= low <= high:
             raise ConfigError(f"{path}.chain_length: [low, high] with 1 <= low <= high, got {list(self.chain_length)}")
+        if self.best_submission and self.final_grade:
+            raise ConfigError(f"{path}.best_submission: needs final_grade = false (the final grade regrades the "
+                              "last submission only)")
         if self.eval_tasks < 0 or not self.timeout_s > 0:
             raise ConfigError(f"{path}: eval_tasks must be >= 0 and timeout_s > 0")
         styles = self.demonstration_styles
@@ -226,16 +238,35 @@ class KernelEnvironment(Environment):
                 self._reports.popitem(last=False)
             return report
 
+    def submissions(self, trajectory: Trajectory) -> list[str]:
+        """The candidates the episode's ``submit`` calls handed in and the tool graded, in order."""
+        codes = [call.arguments.get("code") for segment in trajectory.segments for turn in segment.turns
+                 for call in turn.tool_calls if call.name == "submit" and isinstance(call.arguments, dict)]
+        return [code for code in codes if isinstance(code, str) and code.strip()][:self.config.max_submissions]
+
+    def _report(self, kernel: Any, trajectory: Trajectory, answer: str) -> KernelReport:
+        """The report the episode's reward comes from (see the module docstring); blocking."""
+        feedback = self.config.feedback_rounds
+        submitted = self.submissions(trajectory)
+        for code in submitted:  # an exploit attempt anywhere in the episode zeroes it
+            earlier = self.grade_candidate(kernel, code, feedback)
+            if earlier.flags:
+                return earlier
+        if self.config.final_grade:
+            return self.grade_candidate(kernel, answer, self.config.grading_rounds)
+        candidates = [self.grade_candidate(kernel, code, feedback)
+                      for code in (submitted if self.config.best_submission else []) + [answer]]
+        return max(candidates, key=self.reward)  # the first of equals: the earliest submission
+
     async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
         kernel = kernel_task(task)
         graded = []
-        rounds = self.config.grading_rounds if self.config.final_grade else self.config.feedback_rounds
         for trajectory, answer in zip(trajectories, answers):
             if not answer.strip():
                 self.counts["no_submission"] += 1
                 graded.append(_rewarded(trajectory, 0.0, KernelReport(status="no_submission")))
                 continue
-            report = await asyncio.to_thread(self.grade_candidate, kernel, answer, rounds)
+            report = await asyncio.to_thread(self._report, kernel, trajectory, answer)
             self.counts["graded"] += 1
             self.counts["correct"] += int(report.correct)
             self.counts["flagged"] += int(bool(report.flags))
