@@ -198,7 +198,13 @@ class RaySlot:
     def start(self, name: str, argv: Sequence[str], log_path: Path, env: Mapping[str, str], *,
               capture_stdout: bool = False) -> RayProcess:
         merged = {**self.forward, **env}
-        pid = ray.get(self.actor.start.remote(list(argv), str(log_path), merged, capture_stdout), timeout=CALL_TIMEOUT_S)
+        try:
+            pid = ray.get(self.actor.start.remote(list(argv), str(log_path), merged, capture_stdout),
+                          timeout=CALL_TIMEOUT_S)
+        except (RayActorError, GetTimeoutError) as exc:  # its node went away between placing and starting
+            with contextlib.suppress(Exception):
+                ray.kill(self.actor)
+            raise RunFailed(f"{name} could not start on {self.host}: {type(exc).__name__}") from None
         return RayProcess(name, self.actor, log_path, dict(env), pid, f"{self.host} node {self.where['node_id'][:12]}")
 
 
