@@ -34,20 +34,13 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from relayrl.cli.run.launcher import RunFailed
+from relayrl.cli.run.launcher import RunFailed, die_with_parent
 from relayrl_ray.config import RayLauncherOptions
 
 __all__ = ["ProcessHost", "RayBackend", "RayProcess", "RaySlot"]
 
 CALL_TIMEOUT_S = 30.0
 """How long a call to a live actor may take before it counts as unanswered."""
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError):
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class _Host:
@@ -77,7 +70,7 @@ class _Host:
         self._log = open(log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self.process = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE if capture_stdout else self._log,
                                         stderr=self._log, stdin=subprocess.DEVNULL, env={**os.environ, **env},
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+                                        start_new_session=True, preexec_fn=die_with_parent)
         if capture_stdout:
             threading.Thread(target=self._pump, name="stdout", daemon=True).start()
         return self.process.pid

@@ -56,7 +56,7 @@ class RunFailed(RelayrlError):
     """A process of the run could not start, or kept dying."""
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when the launcher dies, even by SIGKILL (Linux)."""
     try:
         import ctypes
@@ -90,7 +90,7 @@ class Child:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - kept open for the child's lifetime
         self.process = subprocess.Popen(self.argv, stdout=subprocess.PIPE if capture_stdout else self._log,
                                         stderr=self._log, stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
-                                        start_new_session=True, preexec_fn=_die_with_parent)
+                                        start_new_session=True, preexec_fn=die_with_parent)
 
     def read_ready(self, timeout_s: float, on_wait: Callable[[], None] = lambda: None) -> int:
         """Wait for the child's ``READY <port>`` line; copy every other line of its stdout to the log.
