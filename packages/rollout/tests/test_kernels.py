@@ -17,7 +17,7 @@ from relayrl.core.config import ConfigError
 from relayrl.core.wire import ToolCall, Trajectory
 from relayrl.rollout.kernels.catalog import FAST, SHIPPED, chain_task, make_tasks
 from relayrl.rollout.kernels.environment import KernelConfig, KernelEnvironment
-from relayrl.rollout.kernels.expert import NotAChain, fused_chain, renamed_reference
+from relayrl.rollout.kernels.expert import NotAChain, fused_chain, renamed_reference, slipped
 from relayrl.rollout.kernels.grading import KernelGrader, KernelReport, KernelReward
 from relayrl.rollout.kernels.tasks import ArgSpec, KernelTask, kernel_task, task_spec
 from relayrl.rollout.testing import EnvironmentTests
@@ -316,35 +316,51 @@ def test_the_expert_refuses_what_is_not_a_chain() -> None:
 
 
 def test_demonstrations_play_their_style_through_the_real_tool(grader) -> None:
-    """Every style submits its plan through the harness and the real grader (each submission graded
-    correct), the refining style the copy and then the fused rewrite, and each ends with ``done``."""
+    """Every style submits its plan through the harness and the real grader and ends with ``done``:
+    the experts' submissions are graded correct, the slipped ones incorrect or unloadable (so the
+    warm-up shows the grader's failure feedback), and ``retry`` follows its slip with the rewrite."""
     from relayrl.rollout.agent import AgentConfig, CodingAgent
     from relayrl.rollout.chat import CharTokenizer, RawChatFormat
-    from relayrl.rollout.kernels.environment import ALPHABET, SPECIALS
+    from relayrl.rollout.kernels.environment import ALPHABET, SPECIALS, STYLES, demonstration_plan
 
     tokenizer = CharTokenizer(ALPHABET, specials=("<pad>", "<bos>", "<|end|>", *SPECIALS))
-    styles = {"fused": 1.0, "copy": 1.0, "copy-then-fused": 1.0}
-    environment = KernelEnvironment(KernelConfig(demonstrations=6, demonstration_styles=styles, feedback_rounds=2,
-                                                 grading_rounds=3))
+    environment = KernelEnvironment(KernelConfig(demonstrations=12, demonstration_styles=dict.fromkeys(STYLES, 1.0),
+                                                 feedback_rounds=2, grading_rounds=3))
     harness = CodingAgent(AgentConfig(system_prompt="", max_turns=4, max_tokens_per_turn=600, max_total_tokens=2000,
                                       context_limit=4000, compaction_prompt="compact:", summary_header="summary:",
                                       show_tool_time=False))
     tasks = environment.demonstration_tasks()
+    assert {task.metadata["style"] for task in tasks} >= {"retry", "slip"}
     trajectories = asyncio.run(environment.demonstrate(harness=harness, chat=RawChatFormat(tokenizer),
                                                        tokenizer=tokenizer))
     for task, trajectory in zip(tasks, trajectories):
-        results = [result for segment in trajectory.segments for turn in segment.turns for result in turn.tool_results]
+        results = [result.output for segment in trajectory.segments for turn in segment.turns for result in turn.tool_results]
         style = task.metadata["style"]
-        assert len(results) == (2 if style == "copy-then-fused" else 1), (style, results)
-        assert all(result.output.startswith("correct; speed-up") for result in results), results
-        texts = [turn.text for segment in trajectory.segments for turn in segment.turns if turn.role == "assistant"]
-        assert texts[-1] == "done"
         submitted = [call.arguments["code"] for segment in trajectory.segments for turn in segment.turns
                      for call in turn.tool_calls]
         reference = kernel_task(task).reference
-        plan = {"fused": [fused_chain(reference)], "copy": [renamed_reference(reference)],
-                "copy-then-fused": [renamed_reference(reference), fused_chain(reference)]}[style]
-        assert submitted == plan  # so the episode's answer, the last submission, is the plan's last
+        assert submitted == demonstration_plan(reference, style)
+        assert len(results) == {"copy-then-fused": 2, "retry": 2}.get(style, 1), (style, results)
+        if style in ("retry", "slip"):
+            assert submitted[0] == slipped(fused_chain(reference))
+            assert results[0].startswith(("incorrect", "load_error")), (task.metadata, submitted[0], results[0])
+        expert_results = results[1:] if style in ("retry", "slip") else results
+        assert all(result.startswith("correct; speed-up") for result in expert_results), results
+        texts = [turn.text for segment in trajectory.segments for turn in segment.turns if turn.role == "assistant"]
+        assert texts[-1] == "done"
+
+
+def test_a_slip_is_a_wrong_constant_or_a_dropped_parenthesis() -> None:
+    """The slipped rewrite differs from the expert's by one miscopied constant (the last one,
+    its sign flipped and one larger) or, in a chain without one, by the first operation's closing parenthesis."""
+    with_constant = fused_chain("import numpy as np\n\ndef reference(x):\n    t0 = np.maximum(x, 0.5)\n"
+                                "    t1 = t0 * -1.25\n    return t1\n")
+    assert slipped(with_constant) == with_constant.replace("-1.25", "2.25")
+    without = fused_chain("import numpy as np\n\ndef reference(x):\n    t0 = np.tanh(x)\n    t1 = np.abs(t0)\n"
+                          "    return t1\n")
+    assert slipped(without) == without.replace("np.tanh(x)", "np.tanh(x", 1)
+    with pytest.raises(SyntaxError):
+        compile(slipped(without), "<slip>", "exec")
 
 
 def test_identical_answers_in_a_group_are_graded_once(grader) -> None:

@@ -24,8 +24,12 @@ candidate came after it (its grading is the kept report of its ``submit``: no ex
 **Demonstrations** (the supervised warm-up) are played through the run's harness and the real
 ``submit`` tool on generated chains of their own stream, in one of :data:`STYLES`: submit the
 fused rewrite (:func:`relayrl.rollout.kernels.expert.fused_chain`), submit the reference itself
-(correct, no faster), or submit the reference, read its speed-up of 1, then the fused rewrite (the
-multi-turn refinement the reward should come to prefer). Each then answers ``done``.
+(correct, no faster), submit the reference, read its speed-up of 1, then the fused rewrite (the
+multi-turn refinement the reward should come to prefer), submit a slipped rewrite
+(:func:`relayrl.rollout.kernels.expert.slipped`: one miscopied constant or a dropped parenthesis),
+read the grader's "incorrect" or "load_error", then the right one (``retry``), or submit the slipped
+rewrite and stop (``slip``: a player that ignores the feedback). Each then answers ``done``. With
+both of the last two in the warm-up, what follows a failed submission is RL's to decide.
 """
 
 from __future__ import annotations
@@ -48,11 +52,12 @@ from relayrl.core.config import ConfigError, Section
 from relayrl.core.wire import CheatingFlag, TaskSpec, ToolCall, ToolResult, Trajectory
 from relayrl.rollout.hookspecs import Environment
 from relayrl.rollout.kernels.catalog import chain_task, make_tasks
-from relayrl.rollout.kernels.expert import fused_chain, renamed_reference
+from relayrl.rollout.kernels.expert import fused_chain, renamed_reference, slipped
 from relayrl.rollout.kernels.grading import KernelGrader, KernelReport, KernelReward
 from relayrl.rollout.kernels.tasks import kernel_task, task_spec
 
-__all__ = ["ALPHABET", "SPECIALS", "STYLES", "KernelConfig", "KernelEnvironment", "KernelTools", "expert_reply"]
+__all__ = ["ALPHABET", "SPECIALS", "STYLES", "KernelConfig", "KernelEnvironment", "KernelTools", "demonstration_plan",
+           "expert_reply"]
 
 ALPHABET = string.ascii_letters + string.digits + string.punctuation + " \n\t"
 MARKUP = ("<tool_call>", "</tool_call>", '{"name": "', '", "arguments": {', '"code": "', '"}}', "submit",
@@ -67,7 +72,7 @@ FEEDBACK = (" correct; speed-up ", "x over the reference (interquartile ", " rou
 SPECIALS = (*MARKUP, *CODE, *FEEDBACK)
 """Markup and frequent code a fresh model's character tokenizer keeps whole."""
 
-STYLES = ("fused", "copy", "copy-then-fused")
+STYLES = ("fused", "copy", "copy-then-fused", "retry", "slip")
 """How a demonstration plays (see the module docstring)."""
 DONE = "done"
 REPORTS_KEPT = 2048
@@ -304,6 +309,14 @@ def _rewarded(trajectory: Trajectory, reward: float, report: KernelReport) -> Tr
 _SUBMITTED = re.compile(r'"name": "submit"')
 
 
+def demonstration_plan(reference: str, style: str) -> list[str]:
+    """The candidates a demonstration of ``style`` (:data:`STYLES`) submits, in order."""
+    fused = fused_chain(reference)
+    return {"fused": [fused], "copy": [renamed_reference(reference)],
+            "copy-then-fused": [renamed_reference(reference), fused],
+            "retry": [slipped(fused), fused], "slip": [slipped(fused)]}[style]
+
+
 def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summary_header: str) -> str:
     """What a demonstration says next in ``context`` (the current segment's text, up to its turn):
     the next candidate of its style's plan, ``done`` when none is left, and when asked to compact,
@@ -311,8 +324,7 @@ def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summar
     from relayrl.rollout.demonstrations import asked_to_compact
 
     reference = kernel_task(task).reference
-    plan = {"fused": [fused_chain(reference)], "copy": [renamed_reference(reference)],
-            "copy-then-fused": [renamed_reference(reference), fused_chain(reference)]}[task.metadata["style"]]
+    plan = demonstration_plan(reference, task.metadata["style"])
     summary = context.split(summary_header, 1)[1] if summary_header and summary_header in context else ""
     remembered = re.search(r"submitted (\d+)", summary)
     submitted = (int(remembered.group(1)) if remembered else 0) + len(_SUBMITTED.findall(context.split(summary_header)[-1]

@@ -8,14 +8,17 @@ temporaries), with ``t ** 2`` and ``t ** 3`` as products (NumPy's float32 power 
 ``t1`` is ``t0``'s buffer), so each line of the candidate answers one line of the reference, which is
 also what makes the rewrite learnable by a small model. The demonstrations of the supervised warm-up
 are played by this expert and by players that copy the reference (correct, no faster), so RL has
-something to prefer.
+something to prefer, and by players that first submit a :func:`slipped` rewrite (one constant
+miscopied, or a parenthesis dropped: the small model's own typical failures), so the grader's
+feedback ("incorrect", "load_error") appears in the warm-up followed by either a retry or nothing.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 
-__all__ = ["NotAChain", "fused_chain", "renamed_reference"]
+__all__ = ["NotAChain", "fused_chain", "renamed_reference", "slipped"]
 
 
 class NotAChain(ValueError):
@@ -25,6 +28,28 @@ class NotAChain(ValueError):
 def renamed_reference(reference: str) -> str:
     """The reference itself as a candidate: correct, and exactly as fast."""
     return reference.replace("def reference(", "def kernel(", 1)
+
+
+_DECIMAL = re.compile(r"-?\d+\.\d+")
+
+
+def slipped(candidate: str) -> str:
+    """``candidate`` with one slip of the kind a small model makes when copying: its last decimal
+    constant miscopied (sign flipped and one larger in magnitude, which a later ``abs`` or square
+    does not hide: graded incorrect), or, without one, the first operation's closing parenthesis
+    dropped (a load error). Rarely the constant belongs to a clamp that never binds (a maximum with
+    0.0 after a sigmoid) and the slip changes nothing."""
+    head, separator, body = candidate.partition("def kernel(")
+    constants = list(_DECIMAL.finditer(body))
+    if constants:
+        last = constants[-1]
+        value = float(last.group())
+        decimals = len(last.group().split(".")[1])
+        wrong = f"{-(abs(value) + 1.0) if value >= 0 else abs(value) + 1.0:.{decimals}f}"
+        return head + separator + body[:last.start()] + wrong + body[last.end():]
+    first_line_end = body.index("\n", body.index("\n") + 1)  # the signature's line, then the first operation's
+    closing = body.rindex(")", 0, first_line_end)
+    return head + separator + body[:closing] + body[closing + 1:]
 
 
 def fused_chain(reference: str) -> str:
