@@ -127,3 +127,26 @@ def test_char_tokenizer_round_trip_and_specials():
     ids = TOKENIZER.encode("a<|end|>b")
     assert len(ids) == 3 and ids[1] == TOKENIZER.eos_token_id
     assert TOKENIZER.decode(ids) == "a<|end|>b"
+
+
+def test_as_context_keeps_the_tokens_and_stops_training_only_the_picked_turns() -> None:
+    """A demonstration's mistaken turn becomes context: the segment's tokens are the same, the
+    mistake's are no longer trained, every other generated turn still is."""
+    from relayrl.core.arrays import pack_u32
+    from relayrl.core.wire import GeneratedSpan, Trajectory, TrajectorySegment, Turn
+    from relayrl.rollout.agent import iter_segments
+    from relayrl.rollout.demonstrations import as_context
+
+    def assistant(prefix: list[int], generated: list[int], text: str) -> Turn:
+        return Turn(role="assistant", tokens=pack_u32(prefix), text=text,
+                    generated=GeneratedSpan.build(generated, [0.0] * len(generated), 0))
+
+    turns = [Turn(role="user", tokens=pack_u32([1, 2])), assistant([3], [4, 5], "slip"),
+             Turn(role="tool", tokens=pack_u32([6])), assistant([3], [7, 8, 9], "fix")]
+    trajectory = Trajectory(trajectory_id="t", task_id="k", group_id="g", sample_index=0,
+                            segments=[TrajectorySegment(turns=turns)])
+    before = list(iter_segments(trajectory))
+    after = list(iter_segments(as_context(trajectory, lambda turn: turn.text == "slip")))
+    assert [tokens for tokens, _ in after] == [tokens for tokens, _ in before] == [[1, 2, 3, 4, 5, 6, 3, 7, 8, 9]]
+    assert before[0][1] == [False, False, False, True, True, False, False, True, True, True]
+    assert after[0][1] == [False, False, False, False, False, False, False, True, True, True]

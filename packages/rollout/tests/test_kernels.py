@@ -318,7 +318,8 @@ def test_the_expert_refuses_what_is_not_a_chain() -> None:
 def test_demonstrations_play_their_style_through_the_real_tool(grader) -> None:
     """Every style submits its plan through the harness and the real grader and ends with ``done``:
     the experts' submissions are graded correct, the slipped ones incorrect or unloadable (so the
-    warm-up shows the grader's failure feedback), and ``retry`` follows its slip with the rewrite."""
+    warm-up shows the grader's failure feedback, with the slip as context it does not imitate), and
+    ``retry`` follows its slip with the rewrite."""
     from relayrl.rollout.agent import AgentConfig, CodingAgent
     from relayrl.rollout.chat import CharTokenizer, RawChatFormat
     from relayrl.rollout.kernels.environment import ALPHABET, SPECIALS, STYLES, demonstration_plan
@@ -344,6 +345,10 @@ def test_demonstrations_play_their_style_through_the_real_tool(grader) -> None:
         if style in ("retry", "slip"):
             assert submitted[0] == slipped(fused_chain(reference))
             assert results[0].startswith(("incorrect", "load_error")), (task.metadata, submitted[0], results[0])
+        # The slip is context the warm-up does not train on; every other assistant turn is trained.
+        trained = [turn.tool_calls[0].arguments["code"] if turn.tool_calls else turn.text
+                   for segment in trajectory.segments for turn in segment.turns if turn.generated is not None]
+        assert trained == [*submitted[1:], "done"] if style in ("retry", "slip") else [*submitted, "done"]
         expert_results = results[1:] if style in ("retry", "slip") else results
         assert all(result.startswith("correct; speed-up") for result in expert_results), results
         texts = [turn.text for segment in trajectory.segments for turn in segment.turns if turn.role == "assistant"]

@@ -5,6 +5,8 @@ when asked to compact) before RL teaches it what pays. Its examples must be what
 see: :class:`ScriptedEngine` is an inference engine whose replies a function writes from the
 context so far, and :func:`play_scripted` plays it through the run's own harness against an
 environment's real sandboxed tools, so every tool result, compaction and token is the real one.
+A demonstration may also show a deliberate mistake and its recovery: :func:`as_context` turns the
+mistaken turns into context, so the warm-up teaches what follows a mistake, never the mistake.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from relayrl.core.wire import TaskSpec, Trajectory
+import msgspec
+
+from relayrl.core.arrays import pack_u32
+from relayrl.core.wire import TaskSpec, Trajectory, Turn
 from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams, StreamEvent
 
-__all__ = ["Reply", "ScriptedEngine", "asked_to_compact", "play_expert", "play_scripted"]
+__all__ = ["Reply", "ScriptedEngine", "as_context", "asked_to_compact", "play_expert", "play_scripted"]
 
 Reply = Callable[[str, str], str]
 """``reply(key, context)``: the next assistant message, given the current segment's text.
@@ -88,3 +93,18 @@ async def play_expert(tasks: Sequence[TaskSpec], expert: Callable[..., str], *,
 
     return await play_scripted(tasks, reply, tools=tools, harness=harness, chat=chat, tokenizer=tokenizer,
                                concurrency=concurrency)
+
+
+def as_context(trajectory: Trajectory, mistaken: Callable[[Turn], bool]) -> Trajectory:
+    """``trajectory`` with every assistant turn that ``mistaken`` picks turned into context: its
+    generated tokens move into the turn's context tokens, which the warm-up conditions on and does
+    not train (:func:`relayrl.rollout.agent.iter_segments`). The token sequence is unchanged."""
+    def converted(turn: Turn) -> Turn:
+        if turn.generated is None or not mistaken(turn):
+            return turn
+        tokens = [*turn.context_token_ids(), *turn.generated.token_ids()]
+        return msgspec.structs.replace(turn, tokens=pack_u32([int(token) for token in tokens]), generated=None)
+
+    segments = [msgspec.structs.replace(segment, turns=[converted(turn) for turn in segment.turns])
+                for segment in trajectory.segments]
+    return msgspec.structs.replace(trajectory, segments=segments)

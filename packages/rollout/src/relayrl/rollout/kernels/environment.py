@@ -213,11 +213,22 @@ class KernelEnvironment(Environment):
 
     async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
         """:func:`expert_reply` on :meth:`demonstration_tasks`, through ``harness`` and the real tool."""
-        from relayrl.rollout.demonstrations import play_expert
+        from relayrl.rollout.demonstrations import as_context, play_expert
 
+        tasks = self.demonstration_tasks()
         # Two at a time: every submission is graded, and gradings are serialised anyway.
-        return await play_expert(self.demonstration_tasks(), expert_reply, tools=self.tools, harness=harness,
-                                 chat=chat, tokenizer=tokenizer, concurrency=2)
+        played = await play_expert(tasks, expert_reply, tools=self.tools, harness=harness, chat=chat,
+                                   tokenizer=tokenizer, concurrency=2)
+        # A slipped submission is context, not a target: the warm-up teaches what follows a failed
+        # submission (a retry, or stopping), never how to slip.
+        demonstrations = []
+        for task, trajectory in zip(tasks, played):
+            slip = _slip_of(task)
+            if slip is not None:
+                trajectory = as_context(trajectory, lambda turn, slip=slip: any(
+                    call.arguments.get("code") == slip for call in turn.tool_calls))
+            demonstrations.append(trajectory)
+        return demonstrations
 
     def eval_tasks(self) -> list[TaskSpec]:
         base = self.config.seed + 1_000_003
@@ -315,6 +326,13 @@ def demonstration_plan(reference: str, style: str) -> list[str]:
     return {"fused": [fused], "copy": [renamed_reference(reference)],
             "copy-then-fused": [renamed_reference(reference), fused],
             "retry": [slipped(fused), fused], "slip": [slipped(fused)]}[style]
+
+
+def _slip_of(task: TaskSpec) -> str | None:
+    """The slipped candidate a demonstration of ``task`` submits first (``retry``, ``slip``), else None."""
+    if task.metadata["style"] not in ("retry", "slip"):
+        return None
+    return demonstration_plan(kernel_task(task).reference, task.metadata["style"])[0]
 
 
 def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summary_header: str) -> str:
