@@ -1,0 +1,131 @@
+"""What the alternating length penalty changes in behaviour: the agentic example with the penalty
+against the same run without it (same seed, same demonstrations), alternating (off, on, off, on ...).
+
+The example's warm-up is given a behaviour that costs more under the penalty than under the grader
+alone: most expert demonstrations search one identifier per turn (``sequential``, one turn
+more than searching both at once, ``parallel``; both find the same files). The penalty charges
+tokens and turns (``w_tokens = 1``, ``w_turns = 10``, no tool seconds, whose wall time on two busy
+cores would make the cost a measure of the machine) above a budget of 45 that a parallel search
+stays near and a sequential one exceeds. "Off" is the same config with every phase unconstrained.
+
+Per tenth of the steps, over every graded trajectory (trained on or not; the fleet's per-step means
+in ``metrics.jsonl``): assistant turns per trajectory (a sequential search takes three, a parallel
+one two), the share of turns with parallel calls (a parallel search's is one in two), generated
+tokens, the grader's reward and the mean penalty. It prints both runs' tables for the first seed,
+each seed's last tenth, and the means over seeds.
+
+    python benchmarks/length_penalty_effect.py              # 80 steps, seeds 0 and 1
+    python benchmarks/length_penalty_effect.py --quick      # a smoke run: 10 steps, one seed, nothing written
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from results import command_line, commit, write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+PENALTY = "algo.reward_shapers.length-penalty"
+COMMON = ["--no-report",
+          "--set", "rollout.environment_options.demonstration_styles="
+                   "{parallel=0.15, sequential=0.4, early-stop=0.05, no-search=0.4}",
+          "--set", f"{PENALTY}.budget=45.0", "--set", f"{PENALTY}.w_tokens=1.0", "--set", f"{PENALTY}.w_turns=10.0",
+          "--set", f"{PENALTY}.w_tool_seconds=0.0", "--set", f"{PENALTY}.coefficient=0.5"]
+ARMS = {"off": ["--set", f'{PENALTY}.schedule=[{{kind="unconstrained", steps=1000}}]'],
+        "on": ["--set", f'{PENALTY}.schedule=[{{kind="unconstrained", steps=20}}, {{kind="budget", steps=20}}]']}
+QUICK = ["--steps", "10", "--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.demonstrations=8",
+         "--set", "buffer.batch_groups=2", "--set", "rollout.skip_zero_variance=false"]
+COLUMNS = [("fleet/turns_per_trajectory", "turns"), ("fleet/parallel_turn_share", "parallel turns"),
+           ("fleet/tokens_per_trajectory", "tokens"), ("reward/fleet_graded_mean", "reward (grader)"),
+           ("fleet/shaping_per_trajectory", "length penalty")]
+TURNS, PARALLEL, TOKENS, REWARD = (name for name, _ in COLUMNS[:4])
+
+
+def tenths(run_dir: Path) -> list[dict[str, float]]:
+    """Per tenth of the run's steps, the mean of every column over the steps that recorded it."""
+    from relayrl.trainer.metrics import read_metrics
+
+    records = list(read_metrics(run_dir))
+    size = len(records) / 10
+    rows = []
+    for tenth in range(10):
+        chunk = records[round(tenth * size):round((tenth + 1) * size)]
+        rows.append({name: statistics.fmean(record["metrics"][name] for record in chunk if name in record["metrics"])
+                     for name, _ in COLUMNS}
+                    | {"steps": f"{chunk[0]['step']}-{chunk[-1]['step']}"})
+    return rows
+
+
+def one_run(run_dir: Path, arm: str, seed: int, quick: bool) -> list[dict[str, float]]:
+    command = [sys.executable, "-m", "relayrl.cli", "run", str(ROOT / "examples/agent.toml"), "--run-dir", str(run_dir),
+               "--set", f"run.seed={seed}", *COMMON, *ARMS[arm], *(QUICK if quick else [])]
+    run = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                         timeout=3600)
+    if run.returncode != 0:
+        raise SystemExit(f"the {arm} run (seed {seed}) failed ({run.returncode}):\n{run.stdout[-3000:]}{run.stderr[-2000:]}")
+    return tenths(run_dir)
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["| steps | " + " | ".join(label for _, label in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for row in rows:
+        lines.append(f"| {row['steps']} | " + " | ".join(f"{row[name]:.3f}" for name, _ in COLUMNS) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="10 steps, one seed, nothing written")
+    args = parser.parse_args(argv)
+    seeds = range(1 if args.quick else args.seeds)
+    revision = commit()
+    runs: dict[str, dict[int, list[dict[str, float]]]] = {arm: {} for arm in ARMS}
+    with tempfile.TemporaryDirectory(prefix="relayrl-length-penalty-") as scratch:
+        for seed in seeds:
+            for arm in ARMS:
+                runs[arm][seed] = one_run(Path(scratch) / f"{arm}-{seed}", arm, seed, args.quick)
+                last = runs[arm][seed][-1]
+                print(f"penalty {arm}, seed {seed}: last tenth turns {last[TURNS]:.2f}, parallel turns "
+                      f"{last[PARALLEL]:.2f}", flush=True)
+
+    def mean(arm: str, tenth: int, name: str) -> float:
+        return statistics.fmean(rows[tenth][name] for rows in runs[arm].values())
+
+    lines = [f"The agentic example with most demonstrations searching one identifier per turn, {len(seeds)} seed(s), "
+             "with the length penalty (20 unconstrained steps, then 20 budget steps, cycling) and without it "
+             "(every step unconstrained). Means per tenth of the steps over every graded trajectory. Seed 0 "
+             "without the penalty:", "", *table(runs["off"][0]), "", "Seed 0 with the penalty:", "",
+             *table(runs["on"][0]), "", "The last tenth of each run:", "",
+             "| seed | penalty | turns | parallel turns | tokens | reward (grader) |", "|---|---|---|---|---|---|"]
+    for seed in seeds:
+        for arm in ARMS:
+            last = runs[arm][seed][-1]
+            lines.append(f"| {seed} | {arm} | {last[TURNS]:.2f} | {last[PARALLEL]:.2f} | {last[TOKENS]:.1f} | "
+                         f"{last[REWARD]:.3f} |")
+    lines += ["", f"Means over the seeds, first tenth -> last: turns per trajectory {mean('off', 0, TURNS):.2f} -> "
+              f"{mean('off', -1, TURNS):.2f} without the penalty, {mean('on', 0, TURNS):.2f} -> "
+              f"{mean('on', -1, TURNS):.2f} with it; the share of turns with parallel calls "
+              f"{mean('off', 0, PARALLEL):.2f} -> {mean('off', -1, PARALLEL):.2f} without, {mean('on', 0, PARALLEL):.2f} -> "
+              f"{mean('on', -1, PARALLEL):.2f} with; the grader's reward in the last tenth {mean('off', -1, REWARD):.3f} "
+              f"without, {mean('on', -1, REWARD):.3f} with."]
+    markdown = "\n".join(lines)
+    print(markdown)
+    if not args.quick:
+        data = {arm: {str(seed): rows for seed, rows in by_seed.items()} for arm, by_seed in runs.items()}
+        path = write_results("length_penalty_effect", command=command_line(argv), markdown=markdown, data=data,
+                             revision=revision)
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
