@@ -194,3 +194,9 @@ def test_engine_paths_quick_mode_runs_both_serving_paths_or_says_what_is_missing
 def test_kernel_grader_benchmark_quick_mode_runs():
     out = run_quick("kernel_grader.py")
     assert "median speed-up" in out or "skipped:" in out
+
+
+def test_length_penalty_effect_quick_mode_runs_the_agent_example_with_and_without_the_penalty():
+    out = run_quick("length_penalty_effect.py")
+    assert "penalty off, seed 0" in out and "penalty on, seed 0" in out
+    assert "| 0 | off |" in out and "| 0 | on |" in out and "Means over the seeds" in out
