@@ -45,7 +45,8 @@ COMMON = ["--no-report",
 ARMS = {"off": ["--set", f'{PENALTY}.schedule=[{{kind="unconstrained", steps=1000}}]'],
         "on": ["--set", f'{PENALTY}.schedule=[{{kind="unconstrained", steps=20}}, {{kind="budget", steps=20}}]']}
 QUICK = ["--steps", "10", "--set", "trainer.warmup.steps=3", "--set", "rollout.environment_options.demonstrations=8",
-         "--set", "buffer.batch_groups=2", "--set", "rollout.skip_zero_variance=false"]
+         "--set", "buffer.batch_groups=2", "--set", "rollout.skip_zero_variance=false",
+         "--set", "buffer.admission=['staleness']"]  # a barely warmed model's groups mostly all earn 0
 COLUMNS = [("fleet/turns_per_trajectory", "turns"), ("fleet/parallel_turn_share", "parallel turns"),
            ("fleet/tokens_per_trajectory", "tokens"), ("reward/fleet_graded_mean", "reward (grader)"),
            ("fleet/shaping_per_trajectory", "length penalty")]
