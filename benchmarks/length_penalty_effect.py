@@ -28,11 +28,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from example_run import mean, tenths
 from results import command_line, commit, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,22 +53,15 @@ COLUMNS = [("fleet/turns_per_trajectory", "turns"), ("fleet/parallel_turn_share"
 TURNS, PARALLEL, TOKENS, REWARD = (name for name, _ in COLUMNS[:4])
 
 
-def mean_of(values: Iterable[float | None]) -> float:
-    """The mean of the values recorded (NaN where a step range recorded none: no group was graded)."""
-    recorded = [value for value in values if value is not None]
-    return statistics.fmean(recorded) if recorded else math.nan
-
-
-def tenths(run_dir: Path) -> list[dict[str, float]]:
-    """Per tenth of the run's steps, the mean of every column over the steps that recorded it."""
+def tenths_of_run(run_dir: Path) -> list[dict[str, Any]]:
+    """Per tenth of the run's steps (cut as the report cuts them), the mean of every column over the
+    steps that recorded it (NaN where none did: no group was graded)."""
     from relayrl.trainer.metrics import read_metrics
 
-    records = list(read_metrics(run_dir))
-    size = len(records) / 10
     rows = []
-    for tenth in range(10):
-        chunk = records[round(tenth * size):round((tenth + 1) * size)]
-        rows.append({name: mean_of(record["metrics"].get(name) for record in chunk) for name, _ in COLUMNS}
+    for chunk in tenths(list(read_metrics(run_dir))):
+        means = {name: mean(chunk, name) for name, _ in COLUMNS}
+        rows.append({name: math.nan if value is None else value for name, value in means.items()}
                     | {"steps": f"{chunk[0]['step']}-{chunk[-1]['step']}"})
     return rows
 
@@ -80,7 +73,7 @@ def one_run(run_dir: Path, arm: str, seed: int, quick: bool) -> list[dict[str, f
                          timeout=3600)
     if run.returncode != 0:
         raise SystemExit(f"the {arm} run (seed {seed}) failed ({run.returncode}):\n{run.stdout[-3000:]}{run.stderr[-2000:]}")
-    return tenths(run_dir)
+    return tenths_of_run(run_dir)
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
@@ -106,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"penalty {arm}, seed {seed}: last tenth turns {last[TURNS]:.2f}, parallel turns "
                       f"{last[PARALLEL]:.2f}", flush=True)
 
-    def mean(arm: str, tenth: int, name: str) -> float:
+    def over_seeds(arm: str, tenth: int, name: str) -> float:
         return statistics.fmean(rows[tenth][name] for rows in runs[arm].values())
 
     lines = [f"The agentic example with most demonstrations searching one identifier per turn, {len(seeds)} seed(s), "
@@ -120,12 +113,12 @@ def main(argv: list[str] | None = None) -> int:
             last = runs[arm][seed][-1]
             lines.append(f"| {seed} | {arm} | {last[TURNS]:.2f} | {last[PARALLEL]:.2f} | {last[TOKENS]:.1f} | "
                          f"{last[REWARD]:.3f} |")
-    lines += ["", f"Means over the seeds, first tenth -> last: turns per trajectory {mean('off', 0, TURNS):.2f} -> "
-              f"{mean('off', -1, TURNS):.2f} without the penalty, {mean('on', 0, TURNS):.2f} -> "
-              f"{mean('on', -1, TURNS):.2f} with it; the share of turns with parallel calls "
-              f"{mean('off', 0, PARALLEL):.2f} -> {mean('off', -1, PARALLEL):.2f} without, {mean('on', 0, PARALLEL):.2f} -> "
-              f"{mean('on', -1, PARALLEL):.2f} with; the grader's reward in the last tenth {mean('off', -1, REWARD):.3f} "
-              f"without, {mean('on', -1, REWARD):.3f} with."]
+    lines += ["", f"Means over the seeds, first tenth -> last: turns per trajectory {over_seeds('off', 0, TURNS):.2f} -> "
+              f"{over_seeds('off', -1, TURNS):.2f} without the penalty, {over_seeds('on', 0, TURNS):.2f} -> "
+              f"{over_seeds('on', -1, TURNS):.2f} with it; the share of turns with parallel calls "
+              f"{over_seeds('off', 0, PARALLEL):.2f} -> {over_seeds('off', -1, PARALLEL):.2f} without, {over_seeds('on', 0, PARALLEL):.2f} -> "
+              f"{over_seeds('on', -1, PARALLEL):.2f} with; the grader's reward in the last tenth {over_seeds('off', -1, REWARD):.3f} "
+              f"without, {over_seeds('on', -1, REWARD):.3f} with."]
     markdown = "\n".join(lines)
     print(markdown)
     if not args.quick:
