@@ -9,6 +9,13 @@ interleaved on one core: the numbers are ratios measured in the same sandbox, ne
 
     python benchmarks/kernel_grader.py            # every shipped task, 3 gradings each, 10 rounds
     python benchmarks/kernel_grader.py --quick    # 3 tasks, 1 grading, 3 rounds (a CI smoke run)
+
+The PyTorch tasks (``relayrl.rollout.kernels.torch_catalog``) take an interpreter with PyTorch that
+the sandbox can run, and a device; their results are a file of their own:
+
+    python benchmarks/kernel_grader.py --framework torch --python /var/cache/relayrl/kernel-torch-python/bin/python
+    python benchmarks/kernel_grader.py --framework torch --device cuda --python "$(command -v python3)" \
+        --backend process                         # on a GPU host (benchmarks/gpu/check.sh)
 """
 
 from __future__ import annotations
@@ -27,20 +34,34 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--framework", choices=["numpy", "torch"], default="numpy")
+    parser.add_argument("--device", default="cpu", help="where PyTorch tasks run: cpu, cuda, cuda:N")
+    parser.add_argument("--python", default="python3", help="the interpreter inside the sandbox")
+    parser.add_argument("--backend", default=None, help="the sandbox backend (default: the strongest this host runs)")
     args = parser.parse_args()
-    from relayrl.rollout.kernels.catalog import FAST, SHIPPED
+    from relayrl.rollout.kernels.catalog import FAST, shipped_tasks
     from relayrl.rollout.kernels.grading import KernelGrader, KernelReward
+    from relayrl.rollout.kernels.torch_catalog import TORCH_FAST
 
-    grader = KernelGrader()
-    reason = grader.check()
+    backend = None
+    if args.backend:
+        from relayrl.sandbox import open_backend
+
+        backend = open_backend(args.backend)
+    grader = KernelGrader(backend, python=args.python, device=args.device)
+    reason = grader.check(args.framework)
     if reason:
         print(f"kernel_grader: skipped: {reason}")
         return 0
-    tasks = [task for task in SHIPPED if task.name in ("swish", "gelu_tanh", "diag_matmul")] if args.quick else SHIPPED
+    shipped, fast = shipped_tasks(args.framework), {**FAST, **TORCH_FAST}
+    quick = {"swish", "gelu_tanh", "diag_matmul", "torch_swish", "torch_gelu_tanh", "torch_diag_matmul"}
+    tasks = [task for task in shipped if task.name in quick] if args.quick else shipped
     repeats, rounds = (1, 3) if args.quick else (args.repeats, args.rounds)
     revision = commit()
+    where = ("the distribution's NumPy" if args.framework == "numpy" else
+             f"PyTorch on `{args.device}` ({'the CPU: one pinned core, one thread' if args.device == 'cpu' else 'the GPU'})")
     lines = [f"Each task graded {repeats} time(s), {rounds} timing rounds per grading, in this machine's default "
-             f"sandbox with the distribution's NumPy. *Median* is over gradings; *range* is the "
+             f"sandbox with {where}. *Median* is over gradings; *range* is the "
              f"lowest and highest grading; *IQR* is the interquartile range of per-round ratios within the "
              f"first grading.", "",
              "| task | candidate | median speed-up | range over gradings | IQR within a grading |",
@@ -49,8 +70,8 @@ def main() -> int:
     self_ratios = []
     for task in tasks:
         candidates = {"the reference itself": task.reference.replace("def reference", "def kernel")}
-        if task.name in FAST:
-            candidates["hand-written (FAST)"] = FAST[task.name]
+        if task.name in fast:
+            candidates["hand-written (FAST)"] = fast[task.name]
         for label, source in candidates.items():
             reports = [grader.grade(task, source, rounds=rounds) for _ in range(repeats)]
             bad = [report for report in reports if not report.correct]
@@ -72,7 +93,8 @@ def main() -> int:
     markdown = "\n".join(lines)
     print(markdown)
     if not args.quick:
-        path = write_results("kernel_grader", command=command_line(), markdown=markdown, data=data, revision=revision)
+        name = "kernel_grader" if args.framework == "numpy" else f"kernel_grader-torch-{args.device.split(':')[0]}"
+        path = write_results(name, command=command_line(), markdown=markdown, data=data, revision=revision)
         print(f"wrote {path}")
     return 0
 

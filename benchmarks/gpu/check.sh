@@ -13,6 +13,9 @@
 #   2. tokens/s of plain vLLM vs relayrl's engine (kept-set capture, logprobs, versions) on a ~0.5B
 #      model, for both kept-set routes, and the weight-update pause of an in-place update.
 #   3. a few DeepSpeed ZeRO-3 bf16 trainer steps on the same size, and a full weight publish.
+#   4. the kernel grader on CUDA: the PyTorch kernel tasks' references against themselves and the
+#      hand-written faster candidates, graded in the `process` sandbox on the GPU. The sandbox user
+#      must be able to run this host's python3 (not one under /root).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/relayrl-gpu-check}"
@@ -39,6 +42,10 @@ done
 echo "== 3. DeepSpeed ZeRO-3 bf16 trainer steps and a full publish (~0.5B)"
 timeout 600 torchrun --nproc_per_node=1 benchmarks/gpu/deepspeed_steps.py --hidden 1024 --layers 24 --vocab 32000 \
     --zero-stage 3 --steps 4 2>&1 | tee "$OUT/deepspeed.log" | grep -v "\[INFO\]\|\[WARNING\]" | tail -8 || status=1
+
+echo "== 4. the kernel grader, PyTorch tasks on CUDA"
+timeout 300 python3 benchmarks/kernel_grader.py --framework torch --device cuda --python "$(command -v python3)" \
+    --backend process --repeats 2 --rounds 5 2>&1 | tee "$OUT/kernel_grader_cuda.log" | tail -12 || status=1
 
 echo "== done (status $status); logs in $OUT"
 exit $status

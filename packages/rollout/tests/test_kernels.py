@@ -280,9 +280,14 @@ def test_bad_options_are_rejected_with_their_dotted_key() -> None:
 
     for options, key in (({"grading_rounds": 0}, "grading_rounds"), ({"max_submissions": 0}, "max_submissions"),
                          ({"noise_floor": 1.5}, "rollout.environment_options"),
-                         ({"chain_length": (3, 2)}, "chain_length"), ({"chain_length": (0, 2)}, "chain_length")):
+                         ({"chain_length": (3, 2)}, "chain_length"), ({"chain_length": (0, 2)}, "chain_length"),
+                         ({"framework": "jax"}, "framework"), ({"device": "gpu"}, "device"),
+                         ({"device": "cuda"}, "device"),  # a NumPy candidate on a GPU
+                         ({"framework": "torch", "device": "cuda:0"}, "demonstration_styles"),  # the expert writes NumPy
+                         ):
         with pytest.raises(ConfigError, match=key):
             KernelConfig(**options).check(None, "rollout.environment_options")
+    KernelConfig(framework="torch", device="cuda:1", demonstration_styles={"copy": 1.0}).check(None, "options")
 
 
 # ------------------------------------------------------------------------------------ the expert

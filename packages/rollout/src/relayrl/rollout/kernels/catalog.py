@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import random
 
+import msgspec
+
 from relayrl.rollout.kernels.tasks import ArgSpec, KernelTask, Tolerance
 
 __all__ = ["FAST", "SHIPPED", "chain_task", "make_tasks", "shipped_tasks"]
@@ -164,22 +166,32 @@ def kernel(d, x):
 """Hand-written faster candidates for some shipped tasks (what the tests grade as a speed-up)."""
 
 
-def shipped_tasks() -> list[KernelTask]:
+def shipped_tasks(framework: str = "numpy") -> list[KernelTask]:
+    """The shipped tasks of ``framework`` (``numpy``: :data:`SHIPPED`; ``torch``: the PyTorch catalog's)."""
+    if framework == "torch":
+        from relayrl.rollout.kernels.torch_catalog import TORCH_SHIPPED
+
+        return list(TORCH_SHIPPED)
     return list(SHIPPED)
 
 
 _UNARY = ["np.tanh({x})", "{x} ** 2", "{x} ** 3", "np.maximum({x}, 0.0)", "np.abs({x})", "{x} * {c}", "{x} + {c}",
           "1.0 / (1.0 + np.exp(-{x}))", "np.minimum({x}, {c})"]
 _BINARY = ["{x} * y", "{x} + y", "np.maximum({x}, y)", "{x} - y"]
+# The same operations in PyTorch, in the same order: a seed draws the same chain in both frameworks.
+_TORCH_UNARY = ["torch.tanh({x})", "{x} ** 2", "{x} ** 3", "torch.clamp({x}, min=0.0)", "torch.abs({x})", "{x} * {c}",
+                "{x} + {c}", "1.0 / (1.0 + torch.exp(-{x}))", "torch.clamp({x}, max={c})"]
+_TORCH_BINARY = ["{x} * y", "{x} + y", "torch.maximum({x}, y)", "{x} - y"]
 
 
-def chain_task(seed: int, *, length: tuple[int, int] = (3, 6)) -> KernelTask:
+def chain_task(seed: int, *, length: tuple[int, int] = (3, 6), framework: str = "numpy") -> KernelTask:
     """A generated level-2 task: a chain of elementwise operations, one temporary each."""
     rng = random.Random(seed)
     binary = rng.random() < 0.5
+    unary, binary_ops = (_TORCH_UNARY, _TORCH_BINARY) if framework == "torch" else (_UNARY, _BINARY)
     lines = []
     for step in range(rng.randint(*length)):
-        pool = _UNARY + (_BINARY if binary else [])
+        pool = unary + (binary_ops if binary else [])
         template = rng.choice(pool)
         source = "x" if step == 0 else f"t{step - 1}"
         constant = f"{rng.choice([-1, 1]) * rng.choice([0.25, 0.5, 1.5, 2.0, 3.0])}"
@@ -187,15 +199,19 @@ def chain_task(seed: int, *, length: tuple[int, int] = (3, 6)) -> KernelTask:
     body = "\n".join(lines) + f"\n    return t{len(lines) - 1}\n"
     args = [ArgSpec(shape=["N"], low=-2.0, high=2.0)] + ([ArgSpec(shape=["N"], low=-2.0, high=2.0)] if binary else [])
     signature = "x, y" if binary else "x"
-    return _task(f"chain-{seed}", f"def reference({signature}):\n{body}", args, VECTOR, level=2,
+    task = _task(f"chain-{seed}", f"def reference({signature}):\n{body}", args, VECTOR, level=2,
                  description="a chain of elementwise operations", tolerance=Tolerance(rtol=1e-4, atol=1e-4))
+    if framework == "torch":
+        reference = task.reference.replace("import numpy as np", "import torch", 1)
+        return msgspec.structs.replace(task, name=f"torch_chain-{seed}", reference=reference, framework="torch")
+    return task
 
 
-def make_tasks(count: int, *, seed: int = 0, length: tuple[int, int] = (3, 6)) -> list[KernelTask]:
+def make_tasks(count: int, *, seed: int = 0, length: tuple[int, int] = (3, 6), framework: str = "numpy") -> list[KernelTask]:
     """The shipped tasks, then generated chains of ``length`` operations up to ``count`` (seeds from ``seed``)."""
-    tasks = shipped_tasks()[:count]
+    tasks = shipped_tasks(framework)[:count]
     index = 0
     while len(tasks) < count:
-        tasks.append(chain_task(seed + index, length=length))
+        tasks.append(chain_task(seed + index, length=length, framework=framework))
         index += 1
     return tasks

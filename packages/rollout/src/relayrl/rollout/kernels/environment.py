@@ -1,7 +1,8 @@
 """Environment ``kernels``: write a faster implementation of a reference function, multi-turn.
 
-Each task shows a NumPy reference (:mod:`relayrl.rollout.kernels.catalog`) and asks for ``kernel``
-with the same semantics, faster. The agent's one tool, ``submit`` (``{"code": SOURCE}``), grades a
+Each task shows a NumPy reference (:mod:`relayrl.rollout.kernels.catalog`), or with ``framework =
+"torch"`` a PyTorch one (:mod:`relayrl.rollout.kernels.torch_catalog`, graded on ``device``), and
+asks for ``kernel`` with the same semantics, faster. The agent's one tool, ``submit`` (``{"code": SOURCE}``), grades a
 candidate in a sandbox and returns what Kevin's environment returned: load (compile) errors,
 correctness on fresh inputs, the measured speed-up, or why it was rejected. The episode's answer
 is the last submitted candidate; the final grade runs the same harness again, with more timing
@@ -54,7 +55,7 @@ from relayrl.rollout.hookspecs import Environment
 from relayrl.rollout.kernels.catalog import chain_task, make_tasks
 from relayrl.rollout.kernels.expert import fused_chain, renamed_reference, slipped
 from relayrl.rollout.kernels.grading import KernelGrader, KernelReport, KernelReward
-from relayrl.rollout.kernels.tasks import kernel_task, task_spec
+from relayrl.rollout.kernels.tasks import FRAMEWORKS, kernel_task, task_spec
 
 __all__ = ["ALPHABET", "SPECIALS", "STYLES", "KernelConfig", "KernelEnvironment", "KernelTools", "demonstration_plan",
            "expert_reply"]
@@ -93,6 +94,12 @@ class KernelConfig(Section, kw_only=True):
     """Operations per generated chain (training, held-out and demonstration chains alike): shorter
     chains are easier to rewrite for a small model."""
     seed: int = 0
+    framework: str = "numpy"
+    """What tasks and candidates are written with: ``numpy``, or ``torch`` (the PyTorch catalog and
+    chains; the sandbox's ``python`` must have PyTorch)."""
+    device: str = "cpu"
+    """Where PyTorch tasks are graded: ``cpu``, or ``cuda`` / ``cuda:N`` (needs ``framework = "torch"``
+    and a sandbox backend that reaches the GPU)."""
     feedback_rounds: int = 3
     """Timing rounds of a ``submit`` (the agent's feedback): fewer than the final grade's."""
     grading_rounds: int = 10
@@ -126,6 +133,17 @@ class KernelConfig(Section, kw_only=True):
         low, high = self.chain_length
         if not 1 <= low <= high:
             raise ConfigError(f"{path}.chain_length: [low, high] with 1 <= low <= high, got {list(self.chain_length)}")
+        if self.framework not in FRAMEWORKS:
+            raise ConfigError(f"{path}.framework: one of {list(FRAMEWORKS)}, got {self.framework!r}")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"{path}.device: `cpu`, `cuda` or `cuda:N`, got {self.device!r}")
+        if self.device != "cpu" and self.framework != "torch":
+            raise ConfigError(f"{path}.device: NumPy candidates run on the CPU; {self.device!r} needs framework = "
+                              "\"torch\"")
+        if self.framework != "numpy" and self.demonstrations > 0 and \
+                any(weight > 0 for style, weight in self.demonstration_styles.items() if style != "copy"):
+            raise ConfigError(f"{path}.demonstration_styles: the scripted expert rewrites NumPy chains only; with "
+                              f"framework = {self.framework!r} only `copy` can be demonstrated (or demonstrations = 0)")
         if self.best_submission and self.final_grade:
             raise ConfigError(f"{path}.best_submission: needs final_grade = false (the final grade regrades the "
                               "last submission only)")
@@ -189,7 +207,7 @@ class KernelEnvironment(Environment):
 
     def __init__(self, config: KernelConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
         self.config = config or KernelConfig()
-        self.grader = KernelGrader(section=sandbox, pm=pm, python=self.config.python)
+        self.grader = KernelGrader(section=sandbox, pm=pm, python=self.config.python, device=self.config.device)
         self.reward = self.config.reward()
         self._lock = threading.Lock()
         self._reports: collections.OrderedDict[tuple[str, str, int], KernelReport] = collections.OrderedDict()
@@ -197,19 +215,21 @@ class KernelEnvironment(Environment):
                        "log_speedup_sum": 0.0, "faster": 0, "load_errors": 0, "incorrect": 0, "no_submission": 0}
 
     def tasks(self) -> list[TaskSpec]:
-        if self.config.shipped:
-            return [task_spec(task) for task in make_tasks(self.config.tasks, seed=self.config.seed,
-                                                           length=self.config.chain_length)]
-        return [task_spec(chain_task(self.config.seed + index, length=self.config.chain_length))
-                for index in range(self.config.tasks)]
+        config = self.config
+        if config.shipped:
+            return [task_spec(task) for task in make_tasks(config.tasks, seed=config.seed, length=config.chain_length,
+                                                           framework=config.framework)]
+        return [task_spec(chain_task(config.seed + index, length=config.chain_length, framework=config.framework))
+                for index in range(config.tasks)]
 
     def demonstration_tasks(self) -> list[TaskSpec]:
         """Chains of a stream of their own (neither training nor held out), each with a drawn style."""
         base = self.config.seed + 2_000_003
         rng = random.Random(base)
         styles, weights = zip(*self.config.demonstration_styles.items())
-        return [task_spec(chain_task(base + index, length=self.config.chain_length), task_id=f"demo-chain-{base + index}",
-                          style=rng.choices(styles, weights)[0]) for index in range(self.config.demonstrations)]
+        return [task_spec(chain_task(base + index, length=self.config.chain_length, framework=self.config.framework),
+                          task_id=f"demo-chain-{base + index}", style=rng.choices(styles, weights)[0])
+                for index in range(self.config.demonstrations)]
 
     async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory]:
         """:func:`expert_reply` on :meth:`demonstration_tasks`, through ``harness`` and the real tool."""
@@ -232,8 +252,8 @@ class KernelEnvironment(Environment):
 
     def eval_tasks(self) -> list[TaskSpec]:
         base = self.config.seed + 1_000_003
-        return [task_spec(chain_task(base + index, length=self.config.chain_length), task_id=f"eval-chain-{base + index}")
-                for index in range(self.config.eval_tasks)]
+        return [task_spec(chain_task(base + index, length=self.config.chain_length, framework=self.config.framework),
+                          task_id=f"eval-chain-{base + index}") for index in range(self.config.eval_tasks)]
 
     @contextlib.asynccontextmanager
     async def tools(self, task: TaskSpec) -> AsyncIterator[KernelTools]:
@@ -322,9 +342,10 @@ _SUBMITTED = re.compile(r'"name": "submit"')
 
 def demonstration_plan(reference: str, style: str) -> list[str]:
     """The candidates a demonstration of ``style`` (:data:`STYLES`) submits, in order."""
+    if style == "copy":  # any framework
+        return [renamed_reference(reference)]
     fused = fused_chain(reference)
-    return {"fused": [fused], "copy": [renamed_reference(reference)],
-            "copy-then-fused": [renamed_reference(reference), fused],
+    return {"fused": [fused], "copy-then-fused": [renamed_reference(reference), fused],
             "retry": [slipped(fused), fused], "slip": [slipped(fused)]}[style]
 
 

@@ -53,7 +53,10 @@ def slipped(candidate: str) -> str:
 
 
 def fused_chain(reference: str) -> str:
-    """A faster candidate for a chain reference (``NotAChain`` when the reference is something else)."""
+    """A faster candidate for a chain reference (``NotAChain`` when the reference is something else,
+    a PyTorch one included: the rewrite is NumPy's)."""
+    if "import numpy as np" not in reference:
+        raise NotAChain("not a NumPy reference")
     function = _function(reference)
     arguments = [argument.arg for argument in function.args.args]
     lines = [f"def kernel({', '.join(arguments)}):"]

@@ -94,7 +94,7 @@ def harness_job(task: KernelTask, candidate: str, *, rounds: int = 10, time_it: 
                 timeout_s: float = 120.0, **extra: Any) -> dict[str, Any]:
     """The JSON job the harness grades."""
     return {"harness_source": harness_source(), "reference": task.reference, "candidate": candidate,
-            "args": msgspec.to_builtins(task.args), "sizes": task.sizes,
+            "framework": task.framework, "args": msgspec.to_builtins(task.args), "sizes": task.sizes,
             "tolerance": msgspec.to_builtins(task.tolerance), "rounds": rounds, "time": time_it,
             "timeout_s": timeout_s, **extra}
 
@@ -102,8 +102,11 @@ def harness_job(task: KernelTask, candidate: str, *, rounds: int = 10, time_it: 
 class KernelGrader:
     """Grades candidates in fresh sandboxes of one backend (the run's ``[sandbox]`` section)."""
 
-    def __init__(self, backend: Any = None, *, section: Any = None, pm: Any = None, python: str = "python3") -> None:
+    def __init__(self, backend: Any = None, *, section: Any = None, pm: Any = None, python: str = "python3",
+                 device: str = "cpu") -> None:
         self.python = python
+        self.device = device
+        """Where PyTorch tasks run: ``cpu``, or ``cuda`` (NumPy tasks always run on the CPU)."""
         self._backend = backend
         self._section = section
         self._pm = pm
@@ -116,19 +119,28 @@ class KernelGrader:
             self._backend = open_backend(section=self._section or SandboxSection(), pm=self._pm)
         return self._backend
 
-    def check(self) -> str | None:
-        """None when the sandbox's interpreter can grade (it imports NumPy); else why, in one line."""
+    def check(self, framework: str = "numpy") -> str | None:
+        """None when the sandbox's interpreter can grade tasks of ``framework`` (it imports NumPy, and
+        PyTorch with a working device for ``torch``); else why, in one line."""
+        probe = "import numpy; print(numpy.__version__)"
+        if framework == "torch":
+            probe += f"; import torch; torch.ones(1, device={self.device!r}).sum().item()"
         with self.backend().create() as sandbox:
-            result = sandbox.exec([self.python, "-I", "-c", "import numpy; print(numpy.__version__)"], timeout=60)
+            result = sandbox.exec([self.python, "-I", "-c", probe], timeout=120)
         if result.exit_status == 0:
             return None
+        if framework == "torch":
+            return (f"kernel grader: `{self.python}` in the sandbox cannot run PyTorch on {self.device!r} (set "
+                    f"`python` to an interpreter that has it, and a sandbox backend that can reach the device): "
+                    f"{result.stderr.strip()[-200:]}")
         return (f"kernel grader: `{self.python}` in the sandbox cannot import NumPy (install the distribution's "
                 f"package, e.g. `apt-get install python3-numpy`): {result.stderr.strip()[-200:]}")
 
     def grade(self, task: KernelTask, candidate: str, *, rounds: int = 10, time_it: bool = True,
               timeout_s: float = 120.0, **extra: Any) -> KernelReport:
         """Grade ``candidate`` (source defining ``kernel``) against ``task`` (blocking)."""
-        job = harness_job(task, candidate, rounds=rounds, time_it=time_it, timeout_s=timeout_s, **extra)
+        job = harness_job(task, candidate, rounds=rounds, time_it=time_it, timeout_s=timeout_s,
+                          **({"device": self.device} if task.framework == "torch" else {}), **extra)
         with self.backend().create() as sandbox:
             result = sandbox.exec([self.python, "-I", "-c", harness_source(), "harness"], stdin=json.dumps(job),
                                   timeout=timeout_s + 30)

@@ -1,9 +1,9 @@
 """The kernel grader's in-sandbox harness: correctness on fresh inputs, then interleaved timing.
 
 This file is a *script*: the host runs its source in a sandbox (``python -I -c SOURCE harness``)
-with the interpreter relayrl runs on (it has NumPy), sends one job as JSON on stdin and reads one
-report as JSON on stdout. It imports only the standard library and NumPy, and is never imported on
-the host to grade (tests import it to check its helpers).
+with the sandbox's interpreter, sends one job as JSON on stdin and reads one report as JSON on
+stdout. It imports only the standard library and NumPy (and PyTorch for a task written in it), and
+is never imported on the host to grade (tests import it to check its helpers).
 
 Three processes, so that nothing the candidate runs can touch the clock or the reference:
 
@@ -22,6 +22,12 @@ harness compares, within the task's tolerance, with the reference's outputs for 
 candidate that answers the timed calls differently from the checked ones fails. Batches alternate
 between the workers (order swapped each round) on one pinned core, with the thread counts of
 NumPy's libraries fixed at one.
+
+A task's ``framework`` is ``numpy`` (functions take and return arrays) or ``torch`` (tensors on the
+job's ``device``, ``cpu`` or ``cuda``): before each timed batch, untimed, every call's inputs are
+copied to the device; the batch ends when the device has finished (the worker synchronises before
+it replies, so work left queued on the device, on any stream, is timed); outputs come back to the
+host as NumPy arrays for the same checks.
 
 What the candidate worker may do is narrowed twice. A Python audit hook, installed before the
 candidate's source is compiled, refuses (and reports on a channel the candidate cannot reach
@@ -65,6 +71,11 @@ ALLOWED_IMPORTS = ("math", "cmath", "itertools", "functools", "operator", "numpy
 """Modules a candidate may import (loaded, with NumPy's submodules, before its source runs)."""
 PRELOADED = ("math", "cmath", "itertools", "functools", "operator", "numpy", "numpy.linalg", "numpy.fft",
              "numpy.random", "numpy.lib.stride_tricks")
+TORCH_IMPORTS = ("torch", "triton")
+"""Added to :data:`ALLOWED_IMPORTS` for ``framework = "torch"`` (Triton where it is installed)."""
+TORCH_PRELOADED = ("torch", "torch.nn", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special")
+DEVICE_VARIABLES = ("CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "CUDA_HOME", "HOME")
+"""Passed through to the workers for ``device = "cuda"`` (the driver and the toolkit need them)."""
 LOW_PRECISION = {"rtol": 2e-2, "atol": 2e-3}
 """An output outside the task's tolerance but within this one is what computing in half precision
 (or a lower-precision shortcut) gives: flagged as ``lower-precision`` rather than merely wrong."""
@@ -114,15 +125,93 @@ def _read_exact(fd: int, count: int, deadline: float) -> bytes:
 
 
 # ----------------------------------------------------------------------------- worker
+class Framework:
+    """What a worker's functions take and return: NumPy arrays, or PyTorch tensors on a device.
+
+    Loaded before the candidate's source, so that what the guard lets a candidate import is already
+    there, and warmed up, so that thread pools and a device's context exist before the worker's
+    thread count is taken (not inside a candidate's first timed batch, where they would look like a
+    background thread). The tensor methods the worker converts outputs with are bound from PyTorch's
+    C base class here: a candidate can reassign ``torch.Tensor``'s Python attributes, not those.
+    """
+
+    def __init__(self, name: str, device: str) -> None:
+        import importlib
+
+        for module in PRELOADED:
+            importlib.import_module(module)
+        import numpy as np
+
+        self.np, self.name, self.device = np, name, device
+        self.allowed_imports = ALLOWED_IMPORTS
+        self._synchronize = None
+        if name != "torch":
+            return
+        import torch
+
+        for module in TORCH_PRELOADED:
+            importlib.import_module(module)
+        torch.set_num_threads(1)
+        with contextlib.suppress(RuntimeError):  # refused once inter-op work has started
+            torch.set_num_interop_threads(1)
+        base = getattr(torch._C, "TensorBase", None) or torch._C._TensorBase  # PyTorch < 2.3
+        self._tensor, self._from_numpy = torch.Tensor, torch.from_numpy
+        self._detach, self._cpu, self._contiguous, self._numpy = base.detach, base.cpu, base.contiguous, base.numpy
+        self._to = base.to
+        self._watched = {"torch.Tensor": (torch.Tensor, dict(vars(torch.Tensor)))}
+        if device != "cpu":
+            torch.cuda.init()
+            self._synchronize = torch.cuda.synchronize
+            with contextlib.suppress(ImportError):
+                importlib.import_module("triton")
+        square = torch.ones(64, 64, device=device)
+        warm = (square @ square).softmax(-1).sum() + torch.nn.functional.gelu(square).mean() + torch.tanh(square).max()
+        float(warm)  # waits for the device
+        self.allowed_imports = ALLOWED_IMPORTS + TORCH_IMPORTS
+
+    def stage(self, calls: list) -> list:
+        """A batch's inputs (NumPy views of the shared memory) as the functions take them: tensors on
+        the device, copied there before the timed batch starts."""
+        if self.name != "torch":
+            return calls
+        staged = [[self._to(self._from_numpy(array), self.device) for array in call] for call in calls]
+        self.finish()
+        return staged
+
+    def tampered(self) -> list[str]:
+        """Attributes of the framework's classes changed since loading (``torch.Tensor.numpy`` replaced,
+        say): the worker no longer uses them, and a candidate that tries is flagged all the same."""
+        changed = []
+        for name, (cls, before) in getattr(self, "_watched", {}).items():
+            now = vars(cls)
+            changed += [f"{name}.{key}" for key in set(before) | set(now) if before.get(key) is not now.get(key)]
+        return sorted(changed)[:20]
+
+    def finish(self) -> None:
+        """Inside the timed batch, after the last call: wait until the device has done the work."""
+        if self._synchronize is not None:
+            self._synchronize()
+
+    def as_array(self, output):
+        """An output as a NumPy array (on the host), or why it is not one."""
+        if self.name != "torch":
+            if type(output) is self.np.ndarray:
+                return output
+            return f"returned {type(output).__name__}, not a numpy.ndarray"
+        if type(output) is not self._tensor:
+            return f"returned {type(output).__name__}, not a torch.Tensor"
+        try:
+            return self._numpy(self._cpu(self._contiguous(self._detach(output))))
+        except (TypeError, RuntimeError) as exc:
+            return f"a tensor NumPy cannot hold: {exc}"[:200]
+
+
 def worker_main(role: str, shm_path: str) -> None:
     """A worker: load one function, then run batches on inputs from the shared-memory file."""
-    import importlib
-
-    for name in PRELOADED:
-        importlib.import_module(name)
-    import numpy as np
-
     commands = sys.stdin.fileno()
+    setup = receive(commands, time.monotonic() + 60)
+    framework = Framework(str(setup.get("framework", "numpy")), str(setup.get("device", "cpu")))
+    np = framework.np
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     alarms = os.fdopen(os.dup(sys.stderr.fileno()), "w")  # hook reports; the candidate cannot recall them
     # What the candidate prints goes nowhere: fds 1 and 2 no longer reach the harness.
@@ -130,13 +219,12 @@ def worker_main(role: str, shm_path: str) -> None:
     os.dup2(quiet, 1)
     os.dup2(quiet, 2)
     os.close(quiet)
-    setup = receive(commands, time.monotonic() + 60)
     with open(shm_path, "r+b") as handle:
         shared = mmap.mmap(handle.fileno(), 0)
     namespace: dict = {"__name__": f"relayrl_{role}", "__builtins__": __builtins__}
     source, entry = setup["source"], setup["entry"]
     if role == "candidate" and setup.get("guard", True):
-        _install_guard(alarms)
+        _install_guard(alarms, framework.allowed_imports)
     try:
         code = compile(source, f"<{role}>", "exec")
         exec(code, namespace)  # the point of the worker
@@ -148,6 +236,7 @@ def worker_main(role: str, shm_path: str) -> None:
         return
     _GUARD["loaded"] = True
     send(replies, {"ready": True})
+    staged: list = []
     outputs: list = []
     drawn: dict = {}  # the digest weights of this grading's seed, drawn once and extended as outputs grow
     while True:
@@ -155,26 +244,32 @@ def worker_main(role: str, shm_path: str) -> None:
             command = receive(commands, time.monotonic() + 3600)
         except (EOFError, TimeoutError):
             return
-        if command["op"] == "run":
-            arrays = [[np.frombuffer(shared, dtype=arg["dtype"], count=math.prod(arg["shape"]), offset=arg["offset"])
-                       .reshape(arg["shape"]) for arg in call] for call in command["calls"]]
+        if command["op"] == "stage":  # untimed: the inputs, where the functions take them
+            staged = framework.stage([[np.frombuffer(shared, dtype=arg["dtype"], count=math.prod(arg["shape"]),
+                                                     offset=arg["offset"]).reshape(arg["shape"]) for arg in call]
+                                      for call in command["calls"]])
+            send(replies, {"staged": True})
+        elif command["op"] == "run":  # the timed batch
             outputs = []
             error = None
             try:
-                for args in arrays:
+                for args in staged:
                     outputs.append(function(*args))
+                framework.finish()
             except BaseException as exc:
                 error = f"{type(exc).__name__}: {exc}"[:2000]
             send(replies, {"done": True, "error": error})
         elif command["op"] == "digest":
             tolerance, limit = command["tolerance"], int(command["limit"])
-            sizes = [output.size for output in outputs if type(output) is np.ndarray and output.size <= limit]
+            arrays = [framework.as_array(output) for output in outputs]
+            sizes = [array.size for array in arrays if not isinstance(array, str) and array.size <= limit]
             weights = _weights(np, drawn, int(command["seed"]), max(sizes, default=0))
-            send(replies, {"digests": [_digest(np, output, weights, tolerance, limit) for output in outputs]})
+            send(replies, {"digests": [_digest(np, array, weights, tolerance, limit) for array in arrays],
+                           "tampered": framework.tampered()})
         elif command["op"] == "fetch":  # one output, whole, into the fetch region
-            output = outputs[command["index"]]
-            if type(output) is not np.ndarray or output.nbytes > command["limit"]:
-                send(replies, {"error": "not a numpy.ndarray within the size limit"})
+            output = framework.as_array(outputs[command["index"]])
+            if isinstance(output, str) or output.nbytes > command["limit"]:
+                send(replies, {"error": output if isinstance(output, str) else "an output beyond the size limit"})
                 continue
             data = np.ascontiguousarray(output).tobytes()
             shared[command["offset"]:command["offset"] + len(data)] = data
@@ -192,11 +287,12 @@ def _weights(np, drawn: dict, seed: int, count: int):
 
 
 def _digest(np, output, weights, tolerance: dict, limit: int) -> dict:
-    """An output's weighted sum (non-finite values counted apart), and the sum's tolerance: the same
+    """An output (a NumPy array, or why the function's output is not one: :meth:`Framework.as_array`)
+    as its weighted sum (non-finite values counted apart), and the sum's tolerance: the same
     weights, in absolute value, applied to every element's ``atol + rtol * |value|``. Only the
     reference worker's ``bound`` is used."""
-    if type(output) is not np.ndarray:
-        return {"error": f"returned {type(output).__name__}, not a numpy.ndarray"}
+    if isinstance(output, str):
+        return {"error": output}
     if output.size > limit:
         return {"error": f"an output of {output.size} elements"}
     flat = output.reshape(-1).astype(np.float64)
@@ -210,7 +306,7 @@ def _digest(np, output, weights, tolerance: dict, limit: int) -> dict:
 _GUARD: dict = {"loaded": False, "alarms": None}
 
 
-def _install_guard(alarms) -> None:
+def _install_guard(alarms, allowed_imports: tuple[str, ...] = ALLOWED_IMPORTS) -> None:
     """Refuse and report what a candidate has no business doing (see the module docstring)."""
     _GUARD["alarms"] = alarms
 
@@ -221,7 +317,7 @@ def _install_guard(alarms) -> None:
             return  # the candidate's own source, once
         if event == "import":
             name = str(args[0])
-            if name.split(".")[0] in ALLOWED_IMPORTS and name in sys.modules:
+            if name.split(".")[0] in allowed_imports and name in sys.modules:
                 return
         if event == "open" and isinstance(args[0], str) and args[0].startswith("<"):
             return  # a traceback looking for the source of "<candidate>": there is no such file
@@ -266,9 +362,14 @@ def static_flags(source: str) -> list[dict]:
                 for name in [alias.asname or alias.name] if alias.name in ("sys", "os", "time", "builtins")}
 
     def root(node) -> str | None:
-        while isinstance(node, (ast.Attribute, ast.Subscript)):
-            node = node.value
-        return node.id if isinstance(node, ast.Name) else None
+        while True:
+            if isinstance(node, (ast.Attribute, ast.Subscript)):
+                node = node.value
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" \
+                    and node.args:
+                node = node.args[0]  # getattr(torch, "Tensor")
+            else:
+                return node.id if isinstance(node, ast.Name) else None
 
     flags = []
     for node in ast.walk(tree):
@@ -308,7 +409,7 @@ class Worker:
     """A worker process seen from the harness: its pipes, its shared memory, its CPU accounting."""
 
     def __init__(self, role: str, harness_source: str, source: str, entry: str, shm_bytes: int, core: int | None,
-                 deadline: float, guard: bool = True) -> None:
+                 deadline: float, guard: bool = True, framework: str = "numpy", device: str = "cpu") -> None:
         import subprocess
 
         self.role = role
@@ -319,13 +420,16 @@ class Worker:
             self.shared = mmap.mmap(handle.fileno(), shm_bytes)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONHASHSEED": "0",
                **{name: "1" for name in THREAD_VARIABLES}, **MALLOC_SETTINGS}
+        if device != "cpu":
+            env.update({name: os.environ[name] for name in DEVICE_VARIABLES if name in os.environ})
         pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
         self.process = subprocess.Popen([sys.executable, "-I", "-c", harness_source, "worker", role, self.shm_path],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         env=env, preexec_fn=pin)
         os.set_blocking(self.process.stderr.fileno(), False)
         self.stderr_text = ""
-        send(self.process.stdin, {"source": source, "entry": entry, "guard": guard})
+        send(self.process.stdin, {"source": source, "entry": entry, "guard": guard, "framework": framework,
+                                  "device": device})
         self.loaded = receive(self.process.stdout.fileno(), deadline)
         if os.path.exists(self.shm_path):  # mapped by now: nobody else opens it
             os.unlink(self.shm_path)
@@ -480,7 +584,8 @@ class Session:
         # ``python_guard: false`` is for tests of the operating-system checks alone (a candidate that
         # got past the audit hook, as compiled code could).
         worker = Worker(role, self.job["harness_source"], source, entry, self.shm_bytes, self.core, self.deadline,
-                        guard=bool(self.job.get("python_guard", True)))
+                        guard=bool(self.job.get("python_guard", True)), framework=str(self.job.get("framework", "numpy")),
+                        device=str(self.job.get("device", "cpu")))
         self.workers.append(worker)
         return worker
 
@@ -500,10 +605,14 @@ class Session:
         return layout
 
     def digests(self, worker: Worker) -> list[dict]:
-        digests = worker.request({"op": "digest", "seed": self.weights_seed, "limit": self.weights_count,
-                                  "tolerance": self.tolerance}, self.deadline).get("digests")
+        reply = worker.request({"op": "digest", "seed": self.weights_seed, "limit": self.weights_count,
+                                "tolerance": self.tolerance}, self.deadline)
+        digests = reply.get("digests")
         if not isinstance(digests, list):
             raise ProtocolError(f"the {worker.role} answered a digest request with something else")
+        tampered = reply.get("tampered")
+        if tampered:
+            raise Flagged("patches-module", f"the {worker.role} changed {', '.join(map(str, tampered))[:300]}")
         return digests
 
     def fetch(self, worker: Worker, index: int):
@@ -571,6 +680,9 @@ class Session:
         np = self.np
         calls = [_inputs(np, self.rng, self.job["args"], sizes) for _ in range(count)]
         layouts = {worker.role: self.place(worker, calls) for worker in (reference, candidate)}
+        for worker in (reference, candidate):  # untimed: inputs where the functions take them (a device)
+            if worker.request({"op": "stage", "calls": layouts[worker.role]}, self.deadline).get("staged") is not True:
+                raise ProtocolError(f"the {worker.role} answered a staging request with something else")
         cycle_start = {worker.role: worker.cpu_seconds() for worker in (reference, candidate)}
         in_batch: dict[str, float] = {}
         seconds: dict[str, float] = {}
@@ -578,7 +690,7 @@ class Session:
             threads_before = worker.thread_count()
             cpu_before = worker.cpu_seconds()
             started = time.perf_counter()
-            reply = worker.request({"op": "run", "calls": layouts[worker.role]}, self.deadline)
+            reply = worker.request({"op": "run"}, self.deadline)
             seconds[worker.role] = time.perf_counter() - started
             if reply.get("done") is not True:
                 raise ProtocolError(f"the {worker.role} answered a batch with something else")

@@ -14,7 +14,7 @@ import msgspec
 
 from relayrl.core.wire import TaskSpec
 
-__all__ = ["ArgSpec", "KernelTask", "Tolerance", "kernel_task", "task_spec"]
+__all__ = ["FRAMEWORKS", "ArgSpec", "KernelTask", "Tolerance", "kernel_task", "task_spec"]
 
 
 class ArgSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -33,6 +33,9 @@ class Tolerance(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     atol: float = 1e-6
 
 
+FRAMEWORKS = {"numpy": "numpy", "torch": "torch"}
+"""A task's framework and the module the sandbox's interpreter must import to grade it."""
+
 DEFAULT_TOLERANCES = {"float64": Tolerance(rtol=1e-10, atol=1e-12), "float32": Tolerance(rtol=1e-5, atol=1e-6),
                       "float16": Tolerance(rtol=1e-3, atol=1e-3)}
 """Per output dtype, for tasks that do not set their own."""
@@ -43,7 +46,7 @@ class KernelTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
 
     name: str
     reference: str
-    """Python source defining ``reference(*args)``; NumPy is available as ``numpy``."""
+    """Python source defining ``reference(*args)`` (it imports what it uses: NumPy, or PyTorch)."""
     args: list[ArgSpec]
     sizes: list[dict[str, int]]
     """Sizes the candidate is checked at; the last is also the one timed."""
@@ -51,6 +54,9 @@ class KernelTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     description: str = ""
     level: int = 1
     """KernelBench's levels: 1 a single operation, 2 a fused chain of a few."""
+    framework: str = "numpy"
+    """What the reference and the candidate are written with: ``numpy`` (arrays in, an array out) or
+    ``torch`` (tensors on the grader's device in, a tensor out)."""
 
     def __post_init__(self) -> None:
         if not self.args or not self.sizes:
@@ -61,6 +67,8 @@ class KernelTask(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
                     raise ValueError(f"kernel task {self.name}: size {dim!r} missing from a size")
         if "def reference" not in self.reference:
             raise ValueError(f"kernel task {self.name}: the reference source defines no `reference`")
+        if self.framework not in FRAMEWORKS:
+            raise ValueError(f"kernel task {self.name}: framework {self.framework!r} is not one of {list(FRAMEWORKS)}")
 
 
 def kernel_task(spec: TaskSpec) -> KernelTask:
@@ -73,7 +81,7 @@ def instruction(task: KernelTask) -> str:
     arguments = ", ".join(f"{arg.dtype}[{', '.join(str(dim) for dim in arg.shape)}]" for arg in task.args)
     sizes = "; ".join(", ".join(f"{name}={value}" for name, value in sizes.items()) for sizes in task.sizes)
     return (f"Write `kernel` with the semantics of `reference` below, faster. Arguments: {arguments} "
-            f"(sizes {sizes}). Use numpy only.\n\n{task.reference.strip()}\n")
+            f"(sizes {sizes}). Use {task.framework} only.\n\n{task.reference.strip()}\n")
 
 
 def task_spec(task: KernelTask, task_id: str | None = None, **metadata: Any) -> TaskSpec:
