@@ -97,6 +97,16 @@ def kernel(x):
     return x * (1.0 / (1.0 + np.exp(-x)))
 setattr(sys.modules["__main__"], "_digest", lambda *a: {})
 """,
+    # the same through an alias no reading of the source follows (sys reached through NumPy): the
+    # worker's functions are compared with what they were before the candidate ran
+    "patches-the-harness-through-an-alias": """
+import numpy as np
+main = np.core.numeric.sys.modules["__main__"]
+_real = main._digest
+main._digest = lambda *args: _real(*args)
+def kernel(x):
+    return x * (1.0 / (1.0 + np.exp(-x)))
+""",
     "stops-the-reference": """
 import numpy as np, os, signal
 def kernel(x):

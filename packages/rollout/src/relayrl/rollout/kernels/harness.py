@@ -158,7 +158,6 @@ class Framework:
         self._tensor, self._from_numpy = torch.Tensor, torch.from_numpy
         self._detach, self._cpu, self._contiguous, self._numpy = base.detach, base.cpu, base.contiguous, base.numpy
         self._to = base.to
-        self._watched = {"torch.Tensor": (torch.Tensor, dict(vars(torch.Tensor)))}
         if device != "cpu":
             torch.cuda.init()
             self._synchronize = torch.cuda.synchronize
@@ -178,13 +177,29 @@ class Framework:
         self.finish()
         return staged
 
+    def watch(self) -> None:
+        """Remember the functions the worker's own code runs on (taken just before the candidate's
+        source runs): this script's, the standard library's it uses, the framework's, and the tensor
+        class's methods. :meth:`tampered` names any the candidate replaced since."""
+        names = ["__main__", "builtins", "json", "struct", "os", "math", "mmap", "numpy"]
+        if self.name == "torch":
+            names += ["torch", "torch.cuda"]
+        namespaces = {name: vars(sys.modules[name]) for name in names if name in sys.modules}
+        classes = {"Framework": vars(Framework), **({"torch.Tensor": vars(self._tensor)} if self.name == "torch" else {})}
+        # Modules gain attributes as they lazily load (only replacing one counts); a class that gains a
+        # method shadows its base's (``torch.Tensor.to`` is PyTorch's C base's until assigned).
+        self._watched = {name: (namespace, {key: value for key, value in namespace.items() if callable(value)},
+                                name in classes) for name, namespace in {**namespaces, **classes}.items()}
+
     def tampered(self) -> list[str]:
-        """Attributes of the framework's classes changed since loading (``torch.Tensor.numpy`` replaced,
-        say): the worker no longer uses them, and a candidate that tries is flagged all the same."""
+        """What the candidate replaced of what :meth:`watch` remembered, or added to a watched class
+        (the worker binds what it needs before the candidate loads; a candidate that tries is flagged
+        all the same)."""
         changed = []
-        for name, (cls, before) in getattr(self, "_watched", {}).items():
-            now = vars(cls)
-            changed += [f"{name}.{key}" for key in set(before) | set(now) if before.get(key) is not now.get(key)]
+        for name, (namespace, before, is_class) in getattr(self, "_watched", {}).items():
+            changed += [f"{name}.{key}" for key, value in before.items() if namespace.get(key) is not value]
+            if is_class:
+                changed += [f"{name}.{key}" for key, value in namespace.items() if key not in before and callable(value)]
         return sorted(changed)[:20]
 
     def finish(self) -> None:
@@ -223,6 +238,7 @@ def worker_main(role: str, shm_path: str) -> None:
         shared = mmap.mmap(handle.fileno(), 0)
     namespace: dict = {"__name__": f"relayrl_{role}", "__builtins__": __builtins__}
     source, entry = setup["source"], setup["entry"]
+    framework.watch()
     if role == "candidate" and setup.get("guard", True):
         _install_guard(alarms, framework.allowed_imports)
     try:
@@ -611,7 +627,7 @@ class Session:
         if not isinstance(digests, list):
             raise ProtocolError(f"the {worker.role} answered a digest request with something else")
         tampered = reply.get("tampered")
-        if tampered:
+        if tampered and worker.role == "candidate":
             raise Flagged("patches-module", f"the {worker.role} changed {', '.join(map(str, tampered))[:300]}")
         return digests
 
