@@ -129,8 +129,9 @@ def test_the_expert_solves_every_task_through_real_sandboxes(context_limit):
 def test_careless_players_stop_early_or_answer_without_searching_and_wasteful_ones_list_first():
     """A mixture with careless styles: early-stop searches once and answers what it saw, no-search
     answers at once and names no file; list-first lists the repository, then solves the task like
-    the parallel expert (one turn and one call more); the experts' share still solves every task."""
-    styles = {"parallel": 1.0, "list-first": 1.0, "early-stop": 1.0, "no-search": 1.0}
+    the parallel expert (one turn and one call more); verbose names every file twice (the same
+    reward); the experts' share still solves every task."""
+    styles = {"parallel": 1.0, "list-first": 1.0, "verbose": 1.0, "early-stop": 1.0, "no-search": 1.0}
     environment = CodeSearchEnvironment(CodeSearchConfig(demonstrations=30, demonstration_styles=styles))
     tasks = environment.demonstration_tasks()
     assert {task.metadata["style"] for task in tasks} == set(styles)
@@ -152,6 +153,8 @@ def test_careless_players_stop_early_or_answer_without_searching_and_wasteful_on
             assert trajectory.reward == pytest.approx(score_answer(answer, list(task.answer)))
         else:
             assert trajectory.reward == 1.0
+            named = answer.split()
+            assert len(named) == len(set(named)) * (2 if style == "verbose" else 1), (style, answer)
             names = [[call.name for call in turn.tool_calls] for segment in trajectory.segments
                      for turn in segment.turns if turn.role == "assistant"]
             searches = [["grep"] * len(task.metadata["identifiers"])]

@@ -17,12 +17,14 @@ search) and continue from it in a new segment, exactly as a policy must. Each de
 draws one of :data:`STYLES` (``demonstration_styles`` weights them): an expert that searches every
 identifier at once (``parallel``) or one per turn (``sequential``), a wasteful one that first lists
 the repository, which tells it nothing (file names are random), then searches like ``parallel``
-(``list-first``), or a careless player that stops after its first search (``early-stop``) or
+(``list-first``), a verbose one that searches like ``parallel`` and names every file twice in its
+answer (``verbose``: the same F1, more tokens), or a careless player that stops after its first search (``early-stop``) or
 answers at once without looking (``no-search``, naming no file). The default mixes only the
 experts; a mixture with careless players teaches the format of every action without the strategy,
 and leaves RL to find out, from the grader's reward alone, that searching everything pays. The
-wasteful player succeeds too, at a higher cost (a turn, a call, a listing in the context): a
-length penalty is what tells it apart from the parallel expert.
+wasteful player succeeds too, at a higher cost (a turn, a call, a listing in the context), and the
+verbose one exactly as often, at a cost only in tokens: a length penalty is what tells them apart
+from the parallel expert (the grader cannot: it scores the set of files named).
 
 **Splits.** Training tasks come from ``seed``, held-out evaluation tasks from a different stream.
 Every task draws its file names, its identifiers and their places anew (from a fixed vocabulary the
@@ -65,7 +67,7 @@ NO_ANSWER = "none"
 """What a ``no-search`` player answers (it names no file: reward 0). Not a made-up path: a player
 that guesses paths teaches the warm-up to write paths it has not seen, which spoils copying them."""
 
-STYLES = ("parallel", "sequential", "list-first", "early-stop", "no-search")
+STYLES = ("parallel", "sequential", "list-first", "verbose", "early-stop", "no-search")
 """How a demonstration plays (see the module docstring); the first three always solve the task."""
 
 _DIRECTORIES = ("src", "lib", "app", "core", "util", "api", "web", "db", "cli", "io")
@@ -227,9 +229,9 @@ def expert_reply(task: TaskSpec, context: str, *, compaction_prompt: str, summar
     if style == "list-first" and not searched and not summary and '"name": "list"' not in context:
         return f"<tool_call>{json.dumps({'name': 'list', 'arguments': {}})}</tool_call>"
     if remaining and not (style == "early-stop" and searched):
-        at_once = style in ("parallel", "list-first")
+        at_once = style in ("parallel", "list-first", "verbose")
         return "".join(_call(identifier) for identifier in (remaining if at_once else remaining[:1]))
-    return " ".join(seen)
+    return " ".join(seen * (2 if style == "verbose" else 1))
 
 
 # --------------------------------------------------------------------------------------- environment
