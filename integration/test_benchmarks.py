@@ -196,7 +196,9 @@ def test_kernel_grader_benchmark_quick_mode_runs():
     assert "median speed-up" in out or "skipped:" in out
 
 
-def test_length_penalty_effect_quick_mode_runs_the_agent_example_with_and_without_the_penalty():
-    out = run_quick("length_penalty_effect.py")
+@pytest.mark.parametrize("behaviour", ["sequential", "verbose"])
+def test_length_penalty_effect_quick_mode_runs_the_agent_example_with_and_without_the_penalty(behaviour):
+    out = run_quick("length_penalty_effect.py", "--behaviour", behaviour)
     assert "penalty off, seed 0" in out and "penalty on, seed 0" in out
     assert "| 0 | off |" in out and "| 0 | on |" in out and "Means over the seeds" in out
+    assert ("successes naming a file twice" in out) == (behaviour == "verbose")
