@@ -197,7 +197,9 @@ def disposable_venv(session: nox.Session) -> Iterator[None]:
 # Dynamo's production discovery. Installed when missing and the session runs as root (CI does);
 # otherwise the tests that need them skip and say why. A key is a command, or "python3:MODULE" for a
 # module the distribution's python3 must import.
-SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep", "python3:numpy": "python3-numpy"}
+SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep", "python3:numpy": "python3-numpy",
+                # the PyTorch kernel tests build a venv of the distribution's python3 for the sandbox
+                "python3:ensurepip": "python3-venv"}
 ETCD = {"etcd": "etcd-server"}
 BROWSER = {"chromium": "chromium"}
 """For the trajectory viewer's test in a real headless browser (relayrl-cli)."""

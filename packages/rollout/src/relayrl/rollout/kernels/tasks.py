@@ -33,8 +33,8 @@ class Tolerance(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     atol: float = 1e-6
 
 
-FRAMEWORKS = {"numpy": "numpy", "torch": "torch"}
-"""A task's framework and the module the sandbox's interpreter must import to grade it."""
+FRAMEWORKS = ("numpy", "torch")
+"""What a task's reference and candidates may be written with."""
 
 DEFAULT_TOLERANCES = {"float64": Tolerance(rtol=1e-10, atol=1e-12), "float32": Tolerance(rtol=1e-5, atol=1e-6),
                       "float16": Tolerance(rtol=1e-3, atol=1e-3)}
