@@ -202,3 +202,9 @@ def test_length_penalty_effect_quick_mode_runs_the_agent_example_with_and_withou
     assert "penalty off, seed 0" in out and "penalty on, seed 0" in out
     assert "| 0 | off |" in out and "| 0 | on |" in out and "Means over the seeds" in out
     assert ("successes naming a file twice" in out) == (behaviour == "verbose")
+
+
+def test_kernels_learning_quick_mode_trains_then_evaluates_version_1_and_the_newest_of_both_variants():
+    out = run_quick("kernels_learning.py")
+    assert "| multi-turn | 0 | 10 |" in out and "| single-turn | 0 | 10 |" in out, out
+    assert "- multi-turn: held-out reward" in out and "- single-turn: held-out reward" in out

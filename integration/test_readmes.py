@@ -28,3 +28,12 @@ def test_every_component_readme_says_how_to_install_it_from_a_clone(readme):
 def test_readme_python_snippets_run_as_written(readme, index, code, tmp_path):
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{readme.relative_to(ROOT)} snippet {index}:\n{code}\n{result.stderr[-3000:]}"
+
+
+def test_benchmarks_readme_lists_every_benchmark_script():
+    """Every script with a command line under benchmarks/ is named in its README's table (helpers need not be)."""
+    folder = ROOT / "benchmarks"
+    listed = set(re.findall(r"`([\w/.-]+\.py)`", (folder / "README.md").read_text()))
+    scripts = {str(path.relative_to(folder)) for path in folder.rglob("*.py")
+               if 'if __name__ == "__main__"' in path.read_text() and path.name != "results.py"}
+    assert not scripts - listed, f"benchmarks/README.md has no row for {sorted(scripts - listed)}"
