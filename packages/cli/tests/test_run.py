@@ -172,6 +172,33 @@ def test_ctrl_c_during_the_warm_up_stops_the_trainer_at_once_not_after_it(tmp_pa
     assert "warmup" not in [event.kind for event in load_events(run_dir)]
 
 
+def test_ctrl_c_while_the_demonstrations_are_played_stops_the_trainer_at_once(tmp_path):
+    """Demonstrations graded one by one (the kernels example's 300 take minutes) are cancelled by a
+    stop, not played to the end (or cut short by the launcher's kill, which leaves no word)."""
+    from relayrl.rollout.kernels.grading import KernelGrader
+
+    reason = KernelGrader().check()
+    if reason:
+        pytest.skip(reason)
+    run_dir = tmp_path / "run"
+    run = relayrl("run", str(ROOT / "examples" / "kernels.toml"), "--run-dir", str(run_dir), "--no-report",
+                  "--set", "rollout.environment_options.demonstrations=5000")  # an hour of gradings
+    try:
+        status = run_dir / "status" / "trainer.json"
+        wait_for(lambda: status.exists() and json.loads(status.read_text()).get("phase") == "demonstrations", 300,
+                 "the demonstrations", run)
+        time.sleep(3)  # gradings in flight
+        run.send_signal(signal.SIGINT)
+        output, _ = run.communicate(timeout=300)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 130, output
+    assert json.loads(status.read_text())["phase"] == "stopped"  # the trainer's own word on its way out
+    stopped = [event for event in load_events(run_dir) if event.source == "trainer" and event.kind == "stopped"]
+    assert stopped and "stopped while the warm-up's demonstrations were played" in stopped[0].message, output
+
+
 @pytest.fixture(scope="module")
 def agent_run(tmp_path_factory) -> Path:
     """examples/agent.toml, short: a warm-up on the experts alone long enough for well-formed calls

@@ -172,9 +172,13 @@ class TrainerProcess:
         from relayrl.rollout.config import build_harness
         from relayrl.rollout.evaluation import split_tasks
 
-        # Multi-turn: played through the run's own harness and real sandboxed tools.
-        trajectories = asyncio.run(self.environment.demonstrate(harness=build_harness(self.config.rollout, pm=self.pm),
-                                                                chat=self.chat, tokenizer=self.tokenizer))
+        # Multi-turn: played through the run's own harness and real sandboxed tools (minutes, when
+        # every demonstration is graded: the kernels' are), so a stop cancels them.
+        self.layout.write_status("trainer", {"phase": "demonstrations"})
+        trajectories = asyncio.run(self._until_stopped(
+            self.environment.demonstrate(harness=build_harness(self.config.rollout, pm=self.pm), chat=self.chat,
+                                         tokenizer=self.tokenizer),
+            "stopped while the warm-up's demonstrations were played; a resumed run plays them again"))
         if trajectories is not None:
             return [MaskedExample(tokens, trained) for trajectory in trajectories
                     for tokens, trained in iter_segments(trajectory)]
@@ -186,6 +190,19 @@ class TrainerProcess:
                              f"{self.config.rollout.environment!r} has no demonstrations")
         return [(self.chat.render("user", task.instruction) + self.chat.assistant_prefix(),
                  self.chat.tokenizer.encode(answer) + end[:1]) for task, answer in zip(training, answers)]
+
+    async def _until_stopped(self, work: Any, message: str, poll_s: float = 0.2) -> Any:
+        """Await ``work``, cancelling it (and raising :class:`StoppedDuringWarmup` with ``message``) once
+        a stop is asked for. A blocking call it runs in a thread (a grading) finishes first: a few seconds."""
+        task = asyncio.ensure_future(work)
+        while not task.done():
+            await asyncio.wait({task}, timeout=poll_s)
+            if self.stop.is_set() and not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise StoppedDuringWarmup(message)
+        return task.result()
 
     def _recover(self) -> Any:
         recovered = recover(self.checkpointer.local, self.checkpointer.peers)
