@@ -16,12 +16,14 @@ seed). The seeds' claim is that multi-turn training beats single-turn on the sam
 Per run it records the held-out mean reward, the shares of samples that were correct and correct
 and faster (beyond the grader's noise floor), submissions per episode, and the change in mean reward
 from version 1 with its standard error over held-out chains (paired: the same chain and sample
-seeds before and after). Per variant: the mean change over seeds and how many seeds rose. The
+seeds before and after). Per variant: the mean change over seeds (with the seeds' errors pooled)
+and how many seeds rose beyond two standard errors; per seed, multi-turn minus single-turn. The
 results file is written after every run, and ``--resume`` keeps the runs an earlier invocation
 recorded (each with its own commit), so a long measurement can be spread over several sittings.
 
 Usage: ``python benchmarks/kernels_learning.py [--seeds N] [--variants multi-turn,single-turn]
-[--eval-tasks N] [--samples N] [--resume] [--quick]``. A run takes about 25 minutes on 2 cores.
+[--eval-tasks N] [--samples N] [--resume] [--tabulate] [--quick]``. A run and its two evaluations take about
+half an hour on 2 cores.
 """
 
 from __future__ import annotations
@@ -118,7 +120,7 @@ def one_run(variant: str, seed: int, args: argparse.Namespace, folder: Path) -> 
             "train_s": trained - started, "eval_s": time.time() - trained}
 
 
-def markdown(runs: list[dict[str, Any]], tasks: int, samples: int) -> str:
+def markdown(runs: list[dict[str, Any]], tasks: int, samples: int, revision: str) -> str:
     lines = [f"Held-out chains: {tasks}, {samples} samples each, every policy evaluated in the multi-turn episode "
              "(up to 3 submissions); version 1 is the warmed model RL starts from.", "",
              "| variant | seed | steps | reward, v1 | reward, after RL | change (± s.e.) | correct, v1 -> after | "
@@ -140,13 +142,21 @@ def markdown(runs: list[dict[str, Any]], tasks: int, samples: int) -> str:
         changes = [run["change"] for run in mine]
         rose = sum(1 for run in mine if run["change"] > 2 * run["change_error"])
         fell = sum(1 for run in mine if run["change"] < -2 * run["change_error"])
+        # The seeds' evaluations are independent: the error of their mean change pools theirs.
+        pooled = math.sqrt(sum(run["change_error"] ** 2 for run in mine)) / len(mine)
         lines.append(f"- {variant}: held-out reward {statistics.fmean(run['before']['reward'] for run in mine):.3f} -> "
                      f"{statistics.fmean(run['after']['reward'] for run in mine):.3f} (mean over {len(mine)} seed"
-                     f"{'s' if len(mine) > 1 else ''}; mean change {statistics.fmean(changes):+.3f}); "
+                     f"{'s' if len(mine) > 1 else ''}; mean change {statistics.fmean(changes):+.3f} ± {pooled:.3f}); "
                      f"beyond two standard errors: {rose} rose, {fell} fell, {len(mine) - rose - fell} within.")
-    commits = sorted({run["commit"][:12] for run in runs})
-    if len(commits) > 1:
-        lines.append(f"- The runs come from commits {', '.join(commits)} (each run's in the results file).")
+    after = {(run["variant"], run["seed"]): run["after"]["reward"] for run in runs}
+    both = sorted(seed for variant, seed in after if variant == "multi-turn" and ("single-turn", seed) in after)
+    if both:
+        gaps = ", ".join(f"{after[('multi-turn', seed)] - after[('single-turn', seed)]:+.3f}" for seed in both)
+        lines.append(f"- Multi-turn minus single-turn training, held-out reward after RL, per seed ({', '.join(map(str, both))}): "
+                     f"{gaps}.")
+    if {run["commit"] for run in runs} != {revision}:
+        commits = ", ".join(f"{run['variant']} seed {run['seed']} at {run['commit'][:12]}" for run in runs)
+        lines.append(f"- Runs of more than one sitting: {commits}.")
     minutes = statistics.fmean((run["train_s"] + run["eval_s"]) / 60 for run in runs)
     lines.append(f"- A run and its two evaluations took {minutes:.0f} minutes on average here.")
     return "\n".join(lines)
@@ -160,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-tasks", type=int, default=48, help="held-out chains")
     parser.add_argument("--samples", type=int, default=2, help="samples per held-out chain")
     parser.add_argument("--resume", action="store_true", help="keep the runs the results file already holds")
+    parser.add_argument("--tabulate", action="store_true",
+                        help="run nothing: the table again from the results file's runs (implies --resume)")
     parser.add_argument("--quick", action="store_true", help="10 steps, one seed, 4 chains x 1 sample, nothing written")
     args = parser.parse_args(argv)
     variants = [name.strip() for name in args.variants.split(",") if name.strip()]
@@ -171,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     revision = args.revision = commit()
     runs: list[dict[str, Any]] = []
     path = RESULTS / f"{NAME}.json"
-    if args.resume and path.exists():
+    if args.tabulate and not path.exists():
+        parser.error(f"--tabulate: no {path.name} to tabulate")
+    if (args.resume or args.tabulate) and path.exists():
         data = json.loads(path.read_text())["data"]
         if (data["eval_tasks"], data["samples"]) != (args.eval_tasks, args.samples):
             parser.error(f"--resume: {path.name} evaluated {data['eval_tasks']} x {data['samples']}, "
@@ -179,19 +193,25 @@ def main(argv: list[str] | None = None) -> int:
         runs = data["runs"]
     done = {(run["variant"], run["seed"]) for run in runs}
     # Seed-major, so that an interrupted measurement holds whole pairs of variants.
-    todo = [(variant, seed) for seed in range(args.seeds) for variant in variants if (variant, seed) not in done]
+    todo = [(variant, seed) for seed in range(args.seeds) for variant in variants
+            if (variant, seed) not in done and not args.tabulate]
+    def report() -> None:
+        runs.sort(key=lambda run: (run["seed"], list(VARIANTS).index(run["variant"])))
+        text = markdown(runs, args.eval_tasks, args.samples, revision)
+        print(text, flush=True)
+        if not args.quick:
+            written = write_results(NAME, command=command_line(argv), markdown=text,
+                                    data={"eval_tasks": args.eval_tasks, "samples": args.samples, "runs": runs},
+                                    revision=revision)
+            print(f"wrote {written}", flush=True)
+
     with tempfile.TemporaryDirectory(prefix="relayrl-kernels-learning-") as folder:
         for variant, seed in todo:
             print(f"{variant}, seed {seed}: training and evaluating ...", flush=True)
             runs.append(one_run(variant, seed, args, Path(folder)))
-            runs.sort(key=lambda run: (run["seed"], list(VARIANTS).index(run["variant"])))
-            text = markdown(runs, args.eval_tasks, args.samples)
-            print(text, flush=True)
-            if not args.quick:
-                written = write_results(NAME, command=command_line(argv), markdown=text,
-                                        data={"eval_tasks": args.eval_tasks, "samples": args.samples, "runs": runs},
-                                        revision=revision)
-                print(f"wrote {written}", flush=True)
+            report()
+    if not todo and runs:  # nothing (left) to run: the table again, from this commit's code
+        report()
     return 0
 
 
