@@ -9,28 +9,33 @@ draw from), with the same samples per chain and the same eval seed, so that the 
 differ only in the weights. Every evaluation uses the example's multi-turn episode (up to three
 submissions with the grader's feedback between them), whichever episode the run trained on.
 
-Variants: ``multi-turn`` (the example as it ships) and ``single-turn`` (``example_run.py``'s
-variant: one submission per episode, single-submission demonstrations; the same steps, groups and
-seed). The seeds' claim is that multi-turn training beats single-turn on the same budget.
+Variants: ``multi-turn`` (the example as it ships); ``single-turn-same-start`` (one submission per
+episode, the same steps, groups and seed, RL from the multi-turn run's version 1 of the same seed:
+the same start, so that the two differ in the RL episode only); ``single-turn`` (``example_run.py``'s
+variant: one submission per episode after a warm-up of its own on single-submission
+demonstrations, so a different start). The seeds' claim is that multi-turn training beats
+single-turn on the same budget.
 
 Per run it records the held-out mean reward, the shares of samples that were correct and correct
 and faster (beyond the grader's noise floor), submissions per episode, and the change in mean reward
 from version 1 with its standard error over held-out chains (paired: the same chain and sample
 seeds before and after). Per variant: the mean change over seeds (with the seeds' errors pooled)
-and how many seeds rose beyond two standard errors; per seed, multi-turn minus single-turn. The
+and how many seeds rose beyond two standard errors; per seed, multi-turn minus each single-turn. The
 results file is written after every run, and ``--resume`` keeps the runs an earlier invocation
 recorded (each with its own commit), so a long measurement can be spread over several sittings.
 
-Usage: ``python benchmarks/kernels_learning.py [--seeds N] [--variants multi-turn,single-turn]
-[--eval-tasks N] [--samples N] [--resume] [--tabulate] [--quick]``. A run and its two evaluations take about
-half an hour on 2 cores.
+Usage: ``python benchmarks/kernels_learning.py [--seeds N] [--variants V,...] [--work-dir DIR]
+[--eval-tasks N] [--samples N] [--resume] [--tabulate] [--quick]``. A run and its two evaluations
+take about half an hour on 2 cores (the same-start variant, without a warm-up, a little less).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import shutil
 import statistics
 import subprocess
 import sys
@@ -48,7 +53,17 @@ from results import RESULTS, command_line, commit, write_results
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "kernels.toml"
 NAME = "kernels_learning"
-VARIANTS: dict[str, list[str]] = {"multi-turn": [], "single-turn": EXAMPLE_VARIANTS["kernels"]["single-turn"]}
+SINGLE_TURN_EPISODE = ["--set", "rollout.environment_options.max_submissions=1", "--set", "rollout.harness_options.max_turns=2"]
+VARIANTS: dict[str, list[str]] = {
+    "multi-turn": [],
+    # One submission per episode, RL from the multi-turn run's version 1 (same seed): the same start.
+    "single-turn-same-start": [*SINGLE_TURN_EPISODE, "--set", "trainer.warmup.steps=0", "--set", "model.init={}",
+                               "--set", "model.tokenizer=auto"],
+    # example_run.py's variant: one submission per episode after a warm-up of its own on
+    # single-submission demonstrations (a different start: see the docs).
+    "single-turn": EXAMPLE_VARIANTS["kernels"]["single-turn"],
+}
+SAME_START = "single-turn-same-start"
 # The evaluation's episode: the example's multi-turn one, whatever the run trained on.
 EVAL_EPISODE = ["--set", "rollout.environment_options.max_submissions=3", "--set", "rollout.harness_options.max_turns=4"]
 # The reward of a correct candidate that is not faster (examples/kernels.toml leaves the default).
@@ -100,12 +115,23 @@ def paired_change(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> 
     return statistics.fmean(changes), error
 
 
+def start_model(folder: Path, seed: int) -> Path:
+    """The multi-turn run's version 1 of ``seed`` (as its evaluation rebuilt it): where the same-start variant begins."""
+    model = folder / f"multi-turn-{seed}-before" / "model-v1"
+    if not (model / "config.json").is_file():
+        raise SystemExit(f"{SAME_START} seed {seed} starts from the multi-turn run of the same seed, whose version 1 "
+                         f"is not in {folder} (run multi-turn seed {seed} with this --work-dir first)")
+    return model
+
+
 def one_run(variant: str, seed: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     """Train one run, evaluate version 1 and the newest version; what the results file keeps of it."""
     run_dir = folder / f"{variant}-{seed}"
+    start = ["--set", f"model.path={start_model(folder, seed)}"] if variant == SAME_START else []
     started = time.time()
     relayrl("run", str(EXAMPLE), "--run-dir", str(run_dir), "--no-report", "--set", f"run.seed={seed}",
-            "--set", "weight_sync.keep_every=1000", *VARIANTS[variant], *(EXAMPLE_QUICK["kernels"] if args.quick else []))
+            "--set", "weight_sync.keep_every=1000", *(EXAMPLE_QUICK["kernels"] if args.quick else []),
+            *VARIANTS[variant], *start)  # the variant's settings last: they win over the smoke run's
     trained = time.time()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     before = evaluate(f"{run_dir}@1", folder / f"{variant}-{seed}-before", args.eval_tasks, args.samples)
@@ -149,11 +175,12 @@ def markdown(runs: list[dict[str, Any]], tasks: int, samples: int, revision: str
                      f"{'s' if len(mine) > 1 else ''}; mean change {statistics.fmean(changes):+.3f} ± {pooled:.3f}); "
                      f"beyond two standard errors: {rose} rose, {fell} fell, {len(mine) - rose - fell} within.")
     after = {(run["variant"], run["seed"]): run["after"]["reward"] for run in runs}
-    both = sorted(seed for variant, seed in after if variant == "multi-turn" and ("single-turn", seed) in after)
-    if both:
-        gaps = ", ".join(f"{after[('multi-turn', seed)] - after[('single-turn', seed)]:+.3f}" for seed in both)
-        lines.append(f"- Multi-turn minus single-turn training, held-out reward after RL, per seed ({', '.join(map(str, both))}): "
-                     f"{gaps}.")
+    for single in (SAME_START, "single-turn"):
+        both = sorted(seed for variant, seed in after if variant == "multi-turn" and (single, seed) in after)
+        if both:
+            gaps = ", ".join(f"{after[('multi-turn', seed)] - after[(single, seed)]:+.3f}" for seed in both)
+            lines.append(f"- Multi-turn minus {single} training, held-out reward after RL, per seed "
+                         f"({', '.join(map(str, both))}): {gaps}.")
     if {run["commit"] for run in runs} != {revision}:
         commits = ", ".join(f"{run['variant']} seed {run['seed']} at {run['commit'][:12]}" for run in runs)
         lines.append(f"- Runs of more than one sitting: {commits}.")
@@ -165,8 +192,12 @@ def markdown(runs: list[dict[str, Any]], tasks: int, samples: int, revision: str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--variants", default="multi-turn,single-turn",
-                        help=f"comma-separated, of {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", default=f"multi-turn,{SAME_START}",
+                        help=f"comma-separated, of {', '.join(VARIANTS)} ({SAME_START} needs multi-turn of its "
+                             "seed run first, in the same --work-dir)")
+    parser.add_argument("--work-dir", default=None,
+                        help="keep the runs and evaluations here (default: a temporary directory, removed at the end); "
+                             f"a --resume of {SAME_START} needs the one its multi-turn runs used")
     parser.add_argument("--eval-tasks", type=int, default=48, help="held-out chains")
     parser.add_argument("--samples", type=int, default=2, help="samples per held-out chain")
     parser.add_argument("--resume", action="store_true", help="keep the runs the results file already holds")
@@ -178,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {unknown} (known: {', '.join(VARIANTS)})")
+    variants.sort(key=list(VARIANTS).index)  # multi-turn first: the same-start variant begins from its run
     if args.quick:
         args.seeds, args.eval_tasks, args.samples = 1, 4, 1
     revision = args.revision = commit()
@@ -205,10 +237,16 @@ def main(argv: list[str] | None = None) -> int:
                                     revision=revision)
             print(f"wrote {written}", flush=True)
 
-    with tempfile.TemporaryDirectory(prefix="relayrl-kernels-learning-") as folder:
+    with contextlib.ExitStack() as stack:
+        folder = (Path(args.work_dir) if args.work_dir
+                  else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relayrl-kernels-learning-"))))
         for variant, seed in todo:
             print(f"{variant}, seed {seed}: training and evaluating ...", flush=True)
-            runs.append(one_run(variant, seed, args, Path(folder)))
+            if (folder / f"{variant}-{seed}").exists():  # an interrupted attempt: start it again
+                shutil.rmtree(folder / f"{variant}-{seed}")
+                for side in ("before", "after"):
+                    shutil.rmtree(folder / f"{variant}-{seed}-{side}", ignore_errors=True)
+            runs.append(one_run(variant, seed, args, folder))
             report()
     if not todo and runs:  # nothing (left) to run: the table again, from this commit's code
         report()

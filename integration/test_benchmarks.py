@@ -204,7 +204,8 @@ def test_length_penalty_effect_quick_mode_runs_the_agent_example_with_and_withou
     assert ("successes naming a file twice" in out) == (behaviour == "verbose")
 
 
-def test_kernels_learning_quick_mode_trains_then_evaluates_version_1_and_the_newest_of_both_variants():
+def test_kernels_learning_quick_mode_trains_then_evaluates_version_1_and_the_newest_of_two_variants():
     out = run_quick("kernels_learning.py")
-    assert "| multi-turn | 0 | 10 |" in out and "| single-turn | 0 | 10 |" in out, out
-    assert "- multi-turn: held-out reward" in out and "- single-turn: held-out reward" in out
+    assert "| multi-turn | 0 | 10 |" in out and "| single-turn-same-start | 0 | 10 |" in out, out
+    assert "- multi-turn: held-out reward" in out and "- single-turn-same-start: held-out reward" in out
+    assert "Multi-turn minus single-turn-same-start training" in out
