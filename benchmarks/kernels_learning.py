@@ -130,7 +130,7 @@ def one_run(variant: str, seed: int, args: argparse.Namespace, folder: Path) -> 
     start = ["--set", f"model.path={start_model(folder, seed)}"] if variant == SAME_START else []
     started = time.time()
     relayrl("run", str(EXAMPLE), "--run-dir", str(run_dir), "--no-report", "--set", f"run.seed={seed}",
-            "--set", "weight_sync.keep_every=1000", *(EXAMPLE_QUICK["kernels"] if args.quick else []),
+            "--set", "weight_sync.keep_every=1000", *([*EXAMPLE_QUICK["kernels"], "--steps", "4"] if args.quick else []),
             *VARIANTS[variant], *start)  # the variant's settings last: they win over the smoke run's
     trained = time.time()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="keep the runs the results file already holds")
     parser.add_argument("--tabulate", action="store_true",
                         help="run nothing: the table again from the results file's runs (implies --resume)")
-    parser.add_argument("--quick", action="store_true", help="10 steps, one seed, 4 chains x 1 sample, nothing written")
+    parser.add_argument("--quick", action="store_true", help="4 steps, one seed, 4 chains x 1 sample, nothing written")
     args = parser.parse_args(argv)
     variants = [name.strip() for name in args.variants.split(",") if name.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))

@@ -206,6 +206,6 @@ def test_length_penalty_effect_quick_mode_runs_the_agent_example_with_and_withou
 
 def test_kernels_learning_quick_mode_trains_then_evaluates_version_1_and_the_newest_of_two_variants():
     out = run_quick("kernels_learning.py")
-    assert "| multi-turn | 0 | 10 |" in out and "| single-turn-same-start | 0 | 10 |" in out, out
+    assert "| multi-turn | 0 | 4 |" in out and "| single-turn-same-start | 0 | 4 |" in out, out
     assert "- multi-turn: held-out reward" in out and "- single-turn-same-start: held-out reward" in out
     assert "Multi-turn minus single-turn-same-start training" in out
