@@ -149,24 +149,31 @@ def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_re
     assert (report / "report.html").exists() and len(list(report.glob("*.png"))) >= 4
 
 
-def test_ctrl_c_during_the_warm_up_stops_the_trainer_at_once_not_after_it(tmp_path):
-    """A warm-up can take minutes; the trainer must not finish it (or be killed by the launcher's
-    timeout) before it stops. It says where it stopped, and a resume would start the warm-up again."""
-    run_dir = tmp_path / "run"
-    run = relayrl("run", str(QUICKSTART), "--run-dir", str(run_dir), "--no-report",
-                  "--set", "trainer.warmup.steps=1000000")  # far longer than any test would wait
+def interrupt_in_phase(run: subprocess.Popen, run_dir: Path, phase: str, settle_s: float = 0.0) -> str:
+    """Ctrl-C ``run`` once its trainer reports ``phase``; check it exits 130 with the trainer's own
+    "stopped" status (a trainer the launcher had to kill writes nothing); return its output."""
+    status = run_dir / "status" / "trainer.json"
     try:
-        status = run_dir / "status" / "trainer.json"
-        wait_for(lambda: status.exists() and json.loads(status.read_text()).get("phase") == "warmup", 300,
-                 "the warm-up", run)
+        wait_for(lambda: status.exists() and json.loads(status.read_text()).get("phase") == phase, 300,
+                 f"the trainer's {phase} phase", run)
+        time.sleep(settle_s)
         run.send_signal(signal.SIGINT)
         output, _ = run.communicate(timeout=300)
     finally:
         if run.poll() is None:
             run.kill()
     assert run.returncode == 130, output
-    # Written by the trainer itself on its way out (a trainer the launcher had to kill writes nothing).
-    assert json.loads(status.read_text())["phase"] == "stopped"
+    assert json.loads(status.read_text())["phase"] == "stopped", output
+    return output
+
+
+def test_ctrl_c_during_the_warm_up_stops_the_trainer_at_once_not_after_it(tmp_path):
+    """A warm-up can take minutes; the trainer must not finish it (or be killed by the launcher's
+    timeout) before it stops. It says where it stopped, and a resume would start the warm-up again."""
+    run_dir = tmp_path / "run"
+    run = relayrl("run", str(QUICKSTART), "--run-dir", str(run_dir), "--no-report",
+                  "--set", "trainer.warmup.steps=1000000")  # far longer than any test would wait
+    output = interrupt_in_phase(run, run_dir, "warmup")
     stopped = [event for event in load_events(run_dir) if event.source == "trainer" and event.kind == "stopped"]
     assert stopped and "stopped during the supervised warm-up, at step" in stopped[0].message, output
     assert "warmup" not in [event.kind for event in load_events(run_dir)]
@@ -183,18 +190,7 @@ def test_ctrl_c_while_the_demonstrations_are_played_stops_the_trainer_at_once(tm
     run_dir = tmp_path / "run"
     run = relayrl("run", str(ROOT / "examples" / "kernels.toml"), "--run-dir", str(run_dir), "--no-report",
                   "--set", "rollout.environment_options.demonstrations=5000")  # an hour of gradings
-    try:
-        status = run_dir / "status" / "trainer.json"
-        wait_for(lambda: status.exists() and json.loads(status.read_text()).get("phase") == "demonstrations", 300,
-                 "the demonstrations", run)
-        time.sleep(3)  # gradings in flight
-        run.send_signal(signal.SIGINT)
-        output, _ = run.communicate(timeout=300)
-    finally:
-        if run.poll() is None:
-            run.kill()
-    assert run.returncode == 130, output
-    assert json.loads(status.read_text())["phase"] == "stopped"  # the trainer's own word on its way out
+    output = interrupt_in_phase(run, run_dir, "demonstrations", settle_s=3)  # gradings in flight
     stopped = [event for event in load_events(run_dir) if event.source == "trainer" and event.kind == "stopped"]
     assert stopped and "stopped while the warm-up's demonstrations were played" in stopped[0].message, output
 
