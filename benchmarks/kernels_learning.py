@@ -124,8 +124,9 @@ def start_model(folder: Path, seed: int) -> Path:
     return model
 
 
-def one_run(variant: str, seed: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
-    """Train one run, evaluate version 1 and the newest version; what the results file keeps of it."""
+def one_run(variant: str, seed: int, args: argparse.Namespace, folder: Path, revision: str) -> dict[str, Any]:
+    """Train one run, evaluate version 1 and the newest version; what the results file keeps of it
+    (``revision``: the commit the benchmark started on)."""
     run_dir = folder / f"{variant}-{seed}"
     start = ["--set", f"model.path={start_model(folder, seed)}"] if variant == SAME_START else []
     started = time.time()
@@ -138,7 +139,7 @@ def one_run(variant: str, seed: int, args: argparse.Namespace, folder: Path) -> 
     after = evaluate(str(run_dir), folder / f"{variant}-{seed}-after", args.eval_tasks, args.samples)
     change, error = paired_change(before, after)
     rows = kernel_rows(records) if len(records) >= 10 else []
-    return {"variant": variant, "seed": seed, "steps": len(records), "commit": args.revision,
+    return {"variant": variant, "seed": seed, "steps": len(records), "commit": revision,
             "version_after": max(version for sample in after for version in sample["versions"] or [0]),
             "before": describe(before), "after": describe(after), "change": change, "change_error": error,
             "training_first_tenth": rows[0]["reward"] if rows else None,
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     variants.sort(key=list(VARIANTS).index)  # multi-turn first: the same-start variant begins from its run
     if args.quick:
         args.seeds, args.eval_tasks, args.samples = 1, 4, 1
-    revision = args.revision = commit()
+    revision = commit()
     runs: list[dict[str, Any]] = []
     path = RESULTS / f"{NAME}.json"
     if args.tabulate and not path.exists():
@@ -246,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(folder / f"{variant}-{seed}")
                 for side in ("before", "after"):
                     shutil.rmtree(folder / f"{variant}-{seed}-{side}", ignore_errors=True)
-            runs.append(one_run(variant, seed, args, folder))
+            runs.append(one_run(variant, seed, args, folder, revision))
             report()
     if not todo and runs:  # nothing (left) to run: the table again, from this commit's code
         report()
