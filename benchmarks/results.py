@@ -45,18 +45,26 @@ def machine() -> dict[str, Any]:
     memory_gib = 0.0
     if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
         memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    torch_version, gpu = "", ""
     try:
         import torch
         torch_version = torch.__version__
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
     except ImportError:
-        torch_version = ""
+        pass
     return {"cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "cpu": model, "memory_gib": round(memory_gib, 1), "python": platform.python_version(),
+            "cpu": model, "gpu": gpu, "memory_gib": round(memory_gib, 1), "python": platform.python_version(),
             "torch": torch_version, "system": platform.platform()}
 
 
 def commit() -> str:
-    """The repository's commit, with ``+dirty`` when the work tree has changes."""
+    """The repository's commit, with ``+dirty`` when the work tree has changes.
+
+    A copy of the tree without its git history (sent to a GPU host, say) names its commit in
+    ``RELAYRL_COMMIT``; without either the commit is ``unknown``."""
+    if not (ROOT / ".git").exists() and os.environ.get("RELAYRL_COMMIT"):
+        return os.environ["RELAYRL_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -94,7 +102,8 @@ def render_block(name: str, folder: Path = RESULTS) -> str:
     where = record["machine"]
     return (f"{record['markdown']}\n"
             f"*Generated from `benchmarks/results/{name}.json`: `{record['command']}` at commit "
-            f"{record['commit']} on {record['date']}, {where['cpus']} CPUs ({where['cpu'] or 'unknown CPU'}).*\n")
+            f"{record['commit']} on {record['date']}, {where['cpus']} CPUs ({where['cpu'] or 'unknown CPU'})"
+            f"{', GPU ' + where['gpu'] if where.get('gpu') else ''}.*\n")
 
 
 def stale_blocks(paths: list[Path] = DOCS, folder: Path = RESULTS, *, fix: bool = False) -> list[str]:
