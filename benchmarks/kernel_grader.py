@@ -42,13 +42,10 @@ def main() -> int:
     from relayrl.rollout.kernels.catalog import FAST, shipped_tasks
     from relayrl.rollout.kernels.grading import KernelGrader, KernelReward
     from relayrl.rollout.kernels.torch_catalog import TORCH_FAST
+    from relayrl.sandbox import SandboxSection
 
-    backend = None
-    if args.backend:
-        from relayrl.sandbox import open_backend
-
-        backend = open_backend(args.backend)
-    grader = KernelGrader(backend, python=args.python, device=args.device)
+    section = SandboxSection(backend=args.backend) if args.backend else None
+    grader = KernelGrader(section=section, python=args.python, device=args.device)
     reason = grader.check(args.framework)
     if reason:
         print(f"kernel_grader: skipped: {reason}")

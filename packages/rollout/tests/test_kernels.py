@@ -451,3 +451,16 @@ def test_with_best_submission_a_worse_later_attempt_never_costs_the_correct_one(
 def test_best_submission_needs_the_submissions_own_gradings() -> None:
     with pytest.raises(ConfigError, match=r"environment_options\.best_submission"):
         KernelConfig(best_submission=True).check(None, "rollout.environment_options")
+
+
+def test_a_cuda_grader_lifts_the_address_space_limit_and_keeps_the_others() -> None:
+    # CUDA fails to load under an address-space limit near the sandbox's memory ("failed to map
+    # segment"), so a CUDA grader opens its backend without one; a CPU grader keeps the default.
+    from relayrl.sandbox import Limits, SandboxSection
+
+    section = SandboxSection(backend="process", require=[], limits=Limits(wall_time_s=9))
+    cuda = KernelGrader(section=section, device="cuda").backend()
+    assert cuda.limits.address_space_bytes == -1 and cuda.limits.wall_time_s == 9
+    assert KernelGrader(section=section).backend().limits.address_space_bytes == 0
+    chosen = SandboxSection(backend="process", require=[], limits=Limits(address_space_bytes=2**40))
+    assert KernelGrader(section=chosen, device="cuda").backend().limits.address_space_bytes == 2**40

@@ -44,6 +44,7 @@ def test_auto_opens_the_backend_with_the_most_isolation_and_says_what_it_lacks()
     ({"sandbox": {"network": "internet"}}, r"sandbox.network: invalid enum value 'internet' \(expected one of: host, none\)"),
     ({"sandbox": {"limits": {"memory": 1}}}, "sandbox.limits.memory: unknown key; did you mean"),
     ({"sandbox": {"limits": {"wall_time_s": 0}}}, "sandbox.limits.wall_time_s: must be > 0"),
+    ({"sandbox": {"limits": {"address_space_bytes": -2}}}, "sandbox.limits.address_space_bytes: must be > 0"),
     ({"sandbox": {"max_parallel_tools": 0}}, "sandbox.max_parallel_tools: must be >= 1"),
 ])
 def test_bad_values_fail_at_config_check_naming_the_key(data, message):
@@ -63,6 +64,14 @@ def test_open_backend_applies_the_section():
     section = SandboxSection(require=[], limits=Limits(wall_time_s=7))
     backend = open_backend(section=section)
     assert backend.limits.wall_time_s == 7 and backend.name == "process"
+
+
+def test_an_address_space_limit_of_minus_one_means_none_even_without_a_memory_cgroup():
+    load_config({"sandbox": {"limits": {"address_space_bytes": -1}}})  # accepted
+    assert Limits(address_space_bytes=-1).effective_address_space(has_memory_cgroup=False) == 0
+    assert Limits(memory_bytes=5).effective_address_space(has_memory_cgroup=False) == 5
+    assert Limits(memory_bytes=5).effective_address_space(has_memory_cgroup=True) == 0
+    assert Limits(address_space_bytes=7).effective_address_space(has_memory_cgroup=True) == 7
 
 
 def test_open_backend_refuses_missing_capabilities_with_a_clear_error(monkeypatch):

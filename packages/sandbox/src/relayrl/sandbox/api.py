@@ -65,7 +65,9 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     memory_bytes: int = 2 * 1024**3
     """Memory cgroup limit of the whole sandbox (all concurrent commands together)."""
     address_space_bytes: int = 0
-    """RLIMIT_AS per process; 0: none when a memory cgroup enforces ``memory_bytes``, else ``memory_bytes``."""
+    """RLIMIT_AS per process; 0: none when a memory cgroup enforces ``memory_bytes``, else ``memory_bytes``;
+    -1: none at all (a CUDA process reserves far more address space than it ever uses, and fails to
+    load under any limit near ``memory_bytes``; then only a memory cgroup bounds its memory)."""
     max_processes: int = 256
     """pids cgroup limit (processes + threads) of the whole sandbox; also RLIMIT_NPROC of its uid."""
     max_file_bytes: int = 256 * 1024**2
@@ -80,6 +82,9 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tr
     """A command writing more than ``factor * max_output_bytes`` to one stream is killed (output flood)."""
 
     def effective_address_space(self, has_memory_cgroup: bool) -> int:
+        """The RLIMIT_AS to set on every process (0: none)."""
+        if self.address_space_bytes < 0:
+            return 0
         if self.address_space_bytes:
             return self.address_space_bytes
         return 0 if has_memory_cgroup else self.memory_bytes

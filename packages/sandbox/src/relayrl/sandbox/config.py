@@ -103,6 +103,8 @@ class SandboxSection(Section, kw_only=True):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"{path}.{field}: must be > 0")
         for field in msgspec.structs.fields(Limits):
+            if field.name == "address_space_bytes" and self.limits.address_space_bytes == -1:
+                continue  # -1: no address-space limit at all (see Limits)
             if getattr(self.limits, field.name) < 0 or (field.name in ("wall_time_s", "memory_bytes", "max_processes",
                                                                         "max_output_bytes", "disk_bytes") and
                                                         getattr(self.limits, field.name) <= 0):

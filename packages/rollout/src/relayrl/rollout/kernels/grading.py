@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,8 @@ from typing import Any
 import msgspec
 
 from relayrl.rollout.kernels.tasks import KernelTask
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["KernelGrader", "KernelReport", "KernelReward", "harness_job", "harness_source"]
 
@@ -116,7 +119,16 @@ class KernelGrader:
         if self._backend is None:
             from relayrl.sandbox import SandboxSection, open_backend
 
-            self._backend = open_backend(section=self._section or SandboxSection(), pm=self._pm)
+            section = self._section or SandboxSection()
+            if self.device.startswith("cuda") and section.limits.address_space_bytes == 0:
+                # CUDA reserves address space by the hundred GiB and fails to load under an address-space
+                # limit near the sandbox's memory; the memory cgroup, where the host has one, bounds it.
+                section = msgspec.structs.replace(
+                    section, limits=msgspec.structs.replace(section.limits, address_space_bytes=-1))
+            self._backend = open_backend(section=section, pm=self._pm)
+            if self.device.startswith("cuda") and "memory-limit" not in self._backend.capabilities():
+                logger.warning("kernel grader: no memory cgroup on this host and no address-space limit under "
+                               "CUDA: a candidate's host memory is bounded by its CPU and wall time only")
         return self._backend
 
     def check(self, framework: str = "numpy") -> str | None:
