@@ -1,8 +1,8 @@
 """The kernel grader with tasks written in PyTorch (``framework = "torch"``), on the CPU.
 
 The same harness as NumPy tasks, with tensors: inputs staged on the grader's device before each
-timed batch, the device synchronised before a batch ends, outputs checked as NumPy arrays. The GPU
-runs the same code with ``device = "cuda"`` (``benchmarks/gpu/kernel_grader_cuda.py``).
+timed batch, the device synchronised before a batch ends, outputs checked as NumPy arrays. On a GPU
+host, ``RELAYRL_KERNEL_TORCH_DEVICE=cuda`` runs them on the GPU (``benchmarks/gpu/check.sh``).
 
 The sandbox user cannot run relayrl's own interpreter (it may live under ``/root``) and sandboxes
 have a private ``/tmp``, so these tests build an interpreter it can run: a virtual environment of
@@ -139,9 +139,13 @@ def torch_python() -> str:
     return _torch_python()
 
 
+DEVICE = os.environ.get("RELAYRL_KERNEL_TORCH_DEVICE", "cpu")
+"""Where the tasks run: ``cuda`` on a GPU host (with ``RELAYRL_KERNEL_TORCH_PYTHON``, its python3)."""
+
+
 @pytest.fixture(scope="module")
 def grader(torch_python):
-    grader = KernelGrader(python=torch_python)
+    grader = KernelGrader(python=torch_python, device=DEVICE)
     reason = grader.check("torch")
     if reason:
         pytest.skip(reason)
@@ -200,8 +204,8 @@ def test_a_hand_written_faster_torch_kernel_earns_a_speedup_in_every_grading(gra
 class TestTorchKernelEnvironment(EnvironmentTests):
     @pytest.fixture
     def environment(self, grader, torch_python):
-        return KernelEnvironment(KernelConfig(framework="torch", python=torch_python, tasks=8, eval_tasks=3,
-                                              feedback_rounds=1, grading_rounds=2, demonstrations=4,
+        return KernelEnvironment(KernelConfig(framework="torch", python=torch_python, device=DEVICE, tasks=8,
+                                              eval_tasks=3, feedback_rounds=1, grading_rounds=2, demonstrations=4,
                                               demonstration_styles={"copy": 1.0}))
 
     def reference_answer(self, environment, task):
