@@ -61,9 +61,9 @@ def machine() -> dict[str, Any]:
 def commit() -> str:
     """The repository's commit, with ``+dirty`` when the work tree has changes.
 
-    A copy of the tree without its git history (sent to a GPU host, say) names its commit in
-    ``RELAYRL_COMMIT``; without either the commit is ``unknown``."""
-    if not (ROOT / ".git").exists() and os.environ.get("RELAYRL_COMMIT"):
+    ``RELAYRL_COMMIT``, where set, names it instead: a copy of the tree sent to a GPU host may carry
+    no git history, or a stale one. Without either the commit is ``unknown``."""
+    if os.environ.get("RELAYRL_COMMIT"):
         return os.environ["RELAYRL_COMMIT"]
     try:
         head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,

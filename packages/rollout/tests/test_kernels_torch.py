@@ -178,7 +178,9 @@ def test_every_torch_exploit_earns_zero_and_a_flag(grader, name) -> None:
 def test_torch_wrong_answers_earn_zero_without_a_flag(grader) -> None:
     for source, status in (("import torch\ndef kernel(x):\n    return x\n", "incorrect"),
                            ("import torch\ndef kernel(x):\n    return (x * torch.sigmoid(x)).double()\n", "incorrect"),
-                           ("import torch\ndef kernel(x):\n    return (x * torch.sigmoid(x)).numpy()\n", "incorrect"),
+                           # an array is wrong; on a GPU `.numpy()` raises in the candidate first
+                           ("import torch\ndef kernel(x):\n    return (x * torch.sigmoid(x)).numpy()\n",
+                            "incorrect" if DEVICE == "cpu" else "runtime_error"),
                            ("import torch\nclass T(torch.Tensor):\n    pass\n"
                             "def kernel(x):\n    return (x * torch.sigmoid(x)).as_subclass(T)\n", "incorrect"),
                            ("import torch\ndef kernel(x) return x\n", "load_error")):
