@@ -1,4 +1,4 @@
-"""The kernel grader with tasks written in PyTorch (``framework = "torch"``), on the CPU.
+"""The kernel grader with tasks written in PyTorch (``framework = "torch"``), on the CPU or a GPU.
 
 The same harness as NumPy tasks, with tensors: inputs staged on the grader's device before each
 timed batch, the device synchronised before a batch ends, outputs checked as NumPy arrays. On a GPU
@@ -199,8 +199,10 @@ def test_a_hand_written_faster_torch_kernel_earns_a_speedup_in_every_grading(gra
     task = next(task for task in TORCH_SHIPPED if task.name == "torch_diag_matmul")
     reports = [grader.grade(task, TORCH_FAST[task.name], rounds=5) for _ in range(3)]
     print(f"torch diag_matmul: speed-ups {[round(report.speedup, 2) for report in reports]}")
-    # An O(N^3) product against an O(N^2) broadcast at N = 256: the assertion keeps a wide margin.
-    assert all(report.correct and report.speedup > 2 for report in reports), reports
+    # An O(N^3) product against an O(N^2) broadcast at N = 256: the assertion keeps a wide margin
+    # (measured: about 9 on one CPU core, about 2 on an H200, where the product is cheap).
+    floor = 2.0 if DEVICE == "cpu" else 1.2
+    assert all(report.correct and report.speedup > floor for report in reports), reports
 
 
 class TestTorchKernelEnvironment(EnvironmentTests):
