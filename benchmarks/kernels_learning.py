@@ -179,9 +179,12 @@ def markdown(runs: list[dict[str, Any]], tasks: int, samples: int, revision: str
     for single in (SAME_START, "single-turn"):
         both = sorted(seed for variant, seed in after if variant == "multi-turn" and (single, seed) in after)
         if both:
-            gaps = ", ".join(f"{after[('multi-turn', seed)] - after[(single, seed)]:+.3f}" for seed in both)
+            gaps = [after[("multi-turn", seed)] - after[(single, seed)] for seed in both]
+            # Over seeds: the spread of the gaps holds both the seeds' variation and the evaluations' noise.
+            mean = (f"; mean {statistics.fmean(gaps):+.3f} ± {statistics.stdev(gaps) / math.sqrt(len(gaps)):.3f} "
+                    f"(standard error over seeds)" if len(gaps) > 1 else "")
             lines.append(f"- Multi-turn minus {single} training, held-out reward after RL, per seed "
-                         f"({', '.join(map(str, both))}): {gaps}.")
+                         f"({', '.join(map(str, both))}): {', '.join(f'{gap:+.3f}' for gap in gaps)}{mean}.")
     if {run["commit"] for run in runs} != {revision}:
         commits = ", ".join(f"{run['variant']} seed {run['seed']} at {run['commit'][:12]}" for run in runs)
         lines.append(f"- Runs of more than one sitting: {commits}.")
