@@ -464,3 +464,37 @@ def test_a_cuda_grader_lifts_the_address_space_limit_and_keeps_the_others() -> N
     assert KernelGrader(section=section).backend().limits.address_space_bytes == 0
     chosen = SandboxSection(backend="process", require=[], limits=Limits(address_space_bytes=2**40))
     assert KernelGrader(section=chosen, device="cuda").backend().limits.address_space_bytes == 2**40
+
+
+def test_a_wrong_output_matches_no_other_calls_right_output_by_chance() -> None:
+    """The stale-output check asks whether a wrong output is the right answer to another call. With
+    one weighted sum per digest a slip of a generated chain matched another call's digest about once
+    in 400 pairs, so an honest wrong answer was flagged as a cache; with three sums it never does."""
+    import numpy as np
+
+    from relayrl.rollout.kernels import harness
+
+    task = chain_task(2000014)  # reference: max(tanh(-3x), 0)^2 + y; the slip clamps at -1 instead
+    rng = np.random.default_rng(0)
+    weights = harness._weights(np, {}, 12345, 1001)
+    tolerance = msgspec.to_builtins(task.tolerance)
+
+    def digest(array):
+        return harness._digest(np, array.astype(np.float32), weights, tolerance, 1 << 20)
+
+    def inputs():
+        return rng.uniform(-2, 2, 1001).astype(np.float32), rng.uniform(-2, 2, 1001).astype(np.float32)
+
+    seen = [digest(np.maximum(np.tanh(-3 * x), 0) ** 2 + y) for x, y in (inputs() for _ in range(1000))]
+    single = [{**entry, "value": entry["value"][:1], "bound": entry["bound"][:1]} for entry in seen]
+    chance = close = 0
+    for _ in range(100):
+        x, y = inputs()
+        wrong = digest(np.tanh(-3 * x) ** 2 + y)
+        assert harness.Session.compare(digest(np.maximum(np.tanh(-3 * x), 0) ** 2 + y), wrong) is not None
+        close += sum(harness.Session.compare(entry, wrong) is None for entry in seen)
+        first = {**wrong, "value": wrong["value"][:1]}
+        chance += sum(harness.Session.compare(entry, first) is None for entry in single)
+    print(f"false matches among {100 * len(seen)} pairs: {chance} with one sum, {close} with {len(seen[0]['value'])}")
+    assert close == 0
+    assert chance > 50  # the single sum's false matches this test guards against
