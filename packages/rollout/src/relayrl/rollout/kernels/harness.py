@@ -310,9 +310,10 @@ def _digest(np, output, weights, tolerance: dict, limit: int) -> dict:
 
     Three sums, not one: a single sum of a wrong output lands within the bound of some other call's
     right answer by chance (255 of 100,000 pairs for a slipped chain in the tests, and an output is
-    compared with thousands), which flagged an honest wrong answer ``stale-output``. The two
-    unweighted sums cost no random draw (one drawn inside a timed cycle counts against whichever
-    worker draws it) and multiply that chance by about the same small factor each."""
+    compared with thousands), which flagged an honest wrong answer ``stale-output``. Each unweighted
+    sum multiplies that chance by about the same small factor and needs no random draw: eight rows of
+    drawn weights, tried first, made the candidate worker of an honest answer look busy outside its
+    timed batches (``work-outside-timing``; why only the candidate's is not established)."""
     if isinstance(output, str):
         return {"error": output}
     if output.size > limit:
