@@ -44,7 +44,9 @@ def test_auto_opens_the_backend_with_the_most_isolation_and_says_what_it_lacks()
     ({"sandbox": {"network": "internet"}}, r"sandbox.network: invalid enum value 'internet' \(expected one of: host, none\)"),
     ({"sandbox": {"limits": {"memory": 1}}}, "sandbox.limits.memory: unknown key; did you mean"),
     ({"sandbox": {"limits": {"wall_time_s": 0}}}, "sandbox.limits.wall_time_s: must be > 0"),
-    ({"sandbox": {"limits": {"address_space_bytes": -2}}}, "sandbox.limits.address_space_bytes: must be > 0"),
+    ({"sandbox": {"limits": {"address_space_bytes": -2}}},
+     r"sandbox.limits.address_space_bytes: must be >= 0 \(0: automatic\), or -1 for none"),
+    ({"sandbox": {"limits": {"cpu_time_s": -1}}}, r"sandbox.limits.cpu_time_s: must be >= 0$"),
     ({"sandbox": {"max_parallel_tools": 0}}, "sandbox.max_parallel_tools: must be >= 1"),
 ])
 def test_bad_values_fail_at_config_check_naming_the_key(data, message):

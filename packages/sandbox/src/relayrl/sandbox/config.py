@@ -102,13 +102,15 @@ class SandboxSection(Section, kw_only=True):
         for field in ("tool_timeout_s", "grading_timeout_s"):
             if getattr(self, field) <= 0:
                 raise ConfigError(f"{path}.{field}: must be > 0")
+        required = ("wall_time_s", "memory_bytes", "max_processes", "max_output_bytes", "disk_bytes")
         for field in msgspec.structs.fields(Limits):
-            if field.name == "address_space_bytes" and self.limits.address_space_bytes == -1:
-                continue  # -1: no address-space limit at all (see Limits)
-            if getattr(self.limits, field.name) < 0 or (field.name in ("wall_time_s", "memory_bytes", "max_processes",
-                                                                        "max_output_bytes", "disk_bytes") and
-                                                        getattr(self.limits, field.name) <= 0):
+            value = getattr(self.limits, field.name)
+            if field.name in required and value <= 0:
                 raise ConfigError(f"{path}.limits.{field.name}: must be > 0")
+            if field.name == "address_space_bytes" and value < -1:
+                raise ConfigError(f"{path}.limits.{field.name}: must be >= 0 (0: automatic), or -1 for none")
+            if field.name != "address_space_bytes" and value < 0:
+                raise ConfigError(f"{path}.limits.{field.name}: must be >= 0")
 
 
 def backends(pm: Any = None) -> dict[str, Registration[SandboxBackendFactory]]:

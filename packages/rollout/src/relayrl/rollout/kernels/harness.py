@@ -323,9 +323,10 @@ def _digest(np, output, weights, tolerance: dict, limit: int) -> dict:
     flat[~finite] = 0.0
     allowed = tolerance["atol"] + tolerance["rtol"] * np.abs(flat)
     alternating = float(flat[0::2].sum() - flat[1::2].sum())
+    unweighted_bound = float(allowed.sum())  # the plain and the alternating sum: weights of magnitude 1
     return {"shape": list(output.shape), "dtype": output.dtype.str,
             "value": [float(np.dot(flat, weights[:flat.size])), float(flat.sum()), alternating],
-            "bound": [float(np.dot(np.abs(weights[:flat.size]), allowed)), float(allowed.sum()), float(allowed.sum())],
+            "bound": [float(np.dot(np.abs(weights[:flat.size]), allowed)), unweighted_bound, unweighted_bound],
             "nonfinite": int(flat.size - int(finite.sum()))}
 
 
