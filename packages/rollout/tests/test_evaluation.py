@@ -98,6 +98,19 @@ def test_a_flagged_sample_fails_whatever_its_reward_and_is_listed():
                                                                                    (tasks[1].task_id, 1)]
 
 
+def test_tasks_with_a_category_are_also_summarised_per_category():
+    def record(task_id, sample, reward):
+        return SampleRecord(task_id=task_id, sample=sample, seed=0, reward=reward, passed=reward >= 1.0)
+
+    records = [record("a1", 0, 1.0), record("a1", 1, 0.0), record("a2", 0, 0.0), record("a2", 1, 0.0),
+               record("b1", 0, 1.0), record("b1", 1, 1.0)]
+    summary = summarize(records, [1, 2], categories={"a1": "sums", "a2": "sums", "b1": "legs"})
+    assert summary["by_category"] == {
+        "legs": {"tasks": 1, "samples": 2, "pass@1": 1.0, "pass@2": 1.0, "mean_reward": 1.0},
+        "sums": {"tasks": 2, "samples": 4, "pass@1": 0.25, "pass@2": 0.5, "mean_reward": 0.25}}
+    assert "by_category" not in summarize(records, [1])
+
+
 def test_a_resumed_eval_runs_only_the_tasks_without_all_their_records(tmp_path):
     tasks = make_tasks(5, seed=2)
     reply, served = solver(tasks)

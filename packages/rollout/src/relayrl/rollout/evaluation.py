@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -194,7 +194,7 @@ def _mean(values: Sequence[float]) -> float:
 
 def summarize(records: Sequence[SampleRecord], ks: Sequence[int], *, engine_seconds: float | None = None,
               price_per_million_tokens: float | None = None, price_per_gpu_hour: float | None = None,
-              ) -> dict[str, Any]:
+              categories: Mapping[str, str] | None = None) -> dict[str, Any]:
     """pass@k and costs per task and overall.
 
     Per task: samples, passed, pass@k for each k (the unbiased estimator), mean reward, flagged
@@ -202,7 +202,9 @@ def summarize(records: Sequence[SampleRecord], ks: Sequence[int], *, engine_seco
     Overall: the mean of each over tasks, and the cost of one solution: generated tokens per
     passing sample (what it costs on average to sample a solution), the fleet's engine-seconds per
     passing sample (``engine_seconds``: engines times the eval's generation wall time), and the
-    same in money when a price is given. ``None`` where nothing passed.
+    same in money when a price is given. ``None`` where nothing passed. With ``categories`` (task id
+    -> category, e.g. the dataset of each task of a mix), ``by_category`` holds tasks, samples,
+    pass@k and mean reward per category, averaged over that category's tasks.
     """
     by_task: dict[str, list[SampleRecord]] = {}
     for record in records:
@@ -239,4 +241,14 @@ def summarize(records: Sequence[SampleRecord], ks: Sequence[int], *, engine_seco
         overall["price_per_solved_engine_time"] = per_solved * price_per_gpu_hour / 3600 if per_solved is not None else None
     flagged = [{"task_id": record.task_id, "sample": record.sample, "flags": record.flags}
                for record in records if record.flags]
-    return {"overall": overall, "tasks": tasks, "flagged": flagged}
+    summary: dict[str, Any] = {"overall": overall, "tasks": tasks, "flagged": flagged}
+    if categories:
+        grouped: dict[str, list[dict[str, Any]]] = {}
+        for task in tasks:
+            grouped.setdefault(categories.get(task["task_id"], "?"), []).append(task)
+        summary["by_category"] = {
+            category: {"tasks": len(items), "samples": sum(item["samples"] for item in items),
+                       **{f"pass@{k}": _mean([item[f"pass@{k}"] for item in items]) for k in ks},
+                       "mean_reward": _mean([item["mean_reward"] for item in items])}
+            for category, items in sorted(grouped.items())}
+    return summary

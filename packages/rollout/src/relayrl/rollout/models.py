@@ -121,6 +121,10 @@ def import_gguf(source: str | Path, target: str | Path) -> Path:
     dropped before saving, so the result is a plain float checkpoint that the torch engine, the
     trainer and vLLM load. Written to ``target`` atomically (a ``.partial`` directory renamed).
     """
+    missing = [name for name in ("gguf", "accelerate") if not _importable(name)]
+    if missing:  # transformers needs both to read GGUF; its own error names one at a time, mid-load
+        raise ImportError(f"importing GGUF needs {' and '.join(missing)}: pip install {' '.join(missing)} "
+                          "(or pip install 'relayrl[gguf]')")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -141,6 +145,14 @@ def import_gguf(source: str | Path, target: str | Path) -> Path:
     tokenizer.save_pretrained(partial)
     partial.rename(target)
     return target
+
+
+def _importable(module: str) -> bool:
+    try:
+        __import__(module)
+    except ImportError:
+        return False
+    return True
 
 
 def shipped_smollm2_gguf() -> Path:

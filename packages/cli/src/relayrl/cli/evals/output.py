@@ -60,6 +60,11 @@ def markdown(summary: dict[str, Any], ks: Sequence[int], *, title: str, max_task
     """The overall table, the per-task table (``max_tasks`` rows at most) and the flagged samples."""
     header, row = _overall_table(summary, ks)
     parts = [f"# {title}", "", _markdown_table(header, [row]), ""]
+    if summary.get("by_category"):
+        category_header = ["category", "tasks", "samples", *[f"pass@{k}" for k in ks], "mean reward"]
+        category_rows = [[name, str(row["tasks"]), str(row["samples"]), *[f"{row[f'pass@{k}']:.3f}" for k in ks],
+                          f"{row['mean_reward']:.3f}"] for name, row in summary["by_category"].items()]
+        parts += ["## Per category", "", _markdown_table(category_header, category_rows), ""]
     task_header, task_rows = _task_rows(summary, ks)
     shown = task_rows if max_tasks is None else task_rows[:max_tasks]
     more = len(task_rows) - len(shown)

@@ -250,9 +250,11 @@ def write_outputs(out: Path, model: EvalModel, task_set: TaskSet, options: EvalO
     if not records:
         raise RelayrlError(f"{out}: no task was evaluated")
     engine_seconds = sum(session["seconds"] * session["engines"] for session in state["sessions"])
+    # Tasks that name a category (the dataset of a reasoning-gym mix ...) are also summarised per category.
+    categories = {task.task_id: str(task.metadata["category"]) for task in task_set.tasks if "category" in task.metadata}
     summary = summarize(records, options.ks, engine_seconds=engine_seconds,
                         price_per_million_tokens=options.price_per_million_tokens,
-                        price_per_gpu_hour=options.price_per_gpu_hour)
+                        price_per_gpu_hour=options.price_per_gpu_hour, categories=categories or None)
     summary["spec"] = state["spec"]
     _write_json(out / "summary.json", summary)
     (out / "summary.md").write_text(markdown(summary, options.ks, title=_title(model, task_set, options)))

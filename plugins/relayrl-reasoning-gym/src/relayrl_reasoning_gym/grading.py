@@ -1,0 +1,75 @@
+"""Scoring answers in the sandbox: one command per window of answers, each answer in a child of its own.
+
+:class:`ScorerGrader` is relayrl-rollout's :class:`~relayrl.rollout.batch_grading.BatchedSandboxGrader`
+(answers of groups that finish within ``window_s`` of each other share one sandbox command: the
+scorer imports reasoning_gym once, about a second) whose command is
+:mod:`relayrl_reasoning_gym.scorer` and whose result per answer is a :class:`ScoreResult`, not a
+bare reward.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from relayrl.rollout.batch_grading import BatchedSandboxGrader
+
+__all__ = ["ScoreResult", "ScorerGrader", "scorer_source"]
+
+
+class ScoreResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The scorer's verdict on one answer."""
+
+    reward: float
+    """The dataset's ``score_answer``, clamped to [0, 1] (0 when unanswered or flagged)."""
+    answered: bool
+    """Whether the final message held an answer between the tags."""
+    flag: str = ""
+    """``scorer-escape``, ``scorer-timeout`` or ``scorer-report-forged`` when the scoring child misbehaved."""
+
+
+@functools.cache
+def scorer_source() -> str:
+    """The scorer's text, run as ``python -I -c SOURCE`` in the sandbox."""
+    return (Path(__file__).parent / "scorer.py").read_text()
+
+
+class ScorerGrader(BatchedSandboxGrader):
+    """Batched sandbox scoring of reasoning-gym answers (see the module docstring).
+
+    ``python`` is called once, on first use, for the interpreter the sandbox runs (resolving it may
+    probe the sandbox or build a grader environment).
+    """
+
+    def __init__(self, *, python: Any, tag: str, timeout_s: float, sandbox: Any = None, pm: Any = None,
+                 window_s: float = 0.05) -> None:
+        super().__init__("", name="reasoning-gym", sandbox=sandbox, pm=pm, window_s=window_s)
+        self._resolve_python = python
+        self._python: str | None = None
+        self.tag = tag
+        self.answer_timeout_s = timeout_s
+
+    def python(self) -> str:
+        if self._python is None:
+            self._python = self._resolve_python(self.backend())
+        return self._python
+
+    def grade_sync(self, items: list[dict[str, Any]]) -> list[ScoreResult]:  # type: ignore[override]
+        """Score ``items`` (``{"source", "index", "text"}``) with one command in a fresh sandbox."""
+        job = {"tag": self.tag, "timeout_s": self.answer_timeout_s, "items": items}
+        # Every answer may take its timeout, plus the import and the regeneration of entries.
+        timeout = 120.0 + self.answer_timeout_s * len(items)
+        with self.backend().create() as sandbox:
+            result = sandbox.exec([self.python(), "-I", "-c", scorer_source()], stdin=json.dumps(job), timeout=timeout)
+        self.sandbox_calls += 1
+        self.graded_answers += len(items)
+        if not result.ok:
+            raise RuntimeError(f"reasoning-gym scorer failed (exit {result.exit_status}): {result.output[-2000:]}")
+        results = msgspec.json.decode(result.stdout.strip().splitlines()[-1], type=list[ScoreResult])
+        if len(results) != len(items):
+            raise RuntimeError(f"reasoning-gym scorer returned {len(results)} results for {len(items)} answers")
+        return results

@@ -1,0 +1,156 @@
+"""The scorer that runs inside the grading sandbox (stdlib and reasoning_gym only; never imported on the host).
+
+Run as ``python -I -c SOURCE`` with a job on stdin::
+
+    {"tag": "answer", "timeout_s": 5.0,
+     "items": [{"source": {"name": "chain_sum", "config": {...}, "size": 10000, "seed": 0}, "index": 17,
+                "text": "<the model's final message>"}, ...]}
+
+and prints one result per item, as JSON: ``[{"reward": 1.0, "answered": true, "flag": ""}, ...]``.
+
+**What is trusted.** The dataset entry an answer is scored against is *regenerated here* from its
+source (dataset name, config, size, seed) and index, never taken from the host's message, and the
+score is the dataset's own ``score_answer`` on the text between the last pair of answer tags.
+
+**Isolation between answers.** Some datasets' ``score_answer`` evaluate the answer's text (sympy's
+``parse_expr`` calls ``eval``), so an answer may run code here. Each answer is therefore scored in
+a forked child, one after the other, whose standard streams point at /dev/null and which reports
+through a pipe of its own as ``KEY SCORE``, the key a fresh random one held only in the scoring
+frame: code that one answer runs cannot touch another answer's result, and an audit hook ends the
+child at once (flag ``scorer-escape``) on what no scorer needs: frame and garbage-collector
+introspection (the way to the key), processes, signals, sockets, ctypes, file writes. A child
+that dies, hangs past ``timeout_s`` or reports without the key earns 0 and a flag. What an
+evaluated answer can still do inside its own child (return an object that compares equal to
+anything) is why the host also flags answers that are code (``relayrl_reasoning_gym.detectors``),
+and the sandbox around the whole command (no network, read-only host, a uid of its own) bounds
+the rest.
+"""
+
+import contextlib
+import json
+import math
+import os
+import re
+import select
+import signal
+import sys
+import time
+
+FORBIDDEN_EVENTS = (
+    "sys._getframe", "sys._current_frames", "gc.get_objects", "gc.get_referrers", "gc.get_referents",
+    "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "os.kill", "os.killpg",
+    "subprocess.Popen", "socket.", "ctypes.", "os.remove", "os.rename", "os.rmdir", "os.chmod", "os.chown",
+    "os.truncate", "os.symlink", "os.link", "pty.spawn", "sys.settrace", "sys.setprofile", "signal.pthread_kill",
+    "code.__new__", "function.__new__", "builtins.input",
+)
+"""Audit events whose prefix ends a scoring child: a scorer parses and compares text, nothing more."""
+
+RESTRICTED_ATTRIBUTES = ("tb_frame", "f_back", "f_globals", "f_locals", "gi_frame", "cr_frame", "ag_frame",
+                         "f_builtins", "__globals__")
+"""``object.__getattr__`` audit events for these attributes (frame walking) end the child too."""
+
+
+def extract_answer(text, tag):
+    """The text between the last ``<tag>`` ... ``</tag>`` pair, stripped; None when there is none."""
+    matches = re.findall(f"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
+    return matches[-1].strip() if matches else None
+
+
+def _dataset(source, cache):
+    key = json.dumps(source, sort_keys=True)
+    if key not in cache:
+        import reasoning_gym
+
+        config = dict(source.get("config") or {})
+        if source["name"] == "composite":
+            from reasoning_gym.composite import DatasetSpec
+
+            config["datasets"] = [DatasetSpec(name=spec["name"], weight=spec["weight"], config=dict(spec["config"]))
+                                  for spec in source["datasets"]]
+        cache[key] = reasoning_gym.create_dataset(source["name"], size=source["size"], seed=source["seed"], **config)
+    return cache[key]
+
+
+def _audit(event, args):
+    if event == "open" and len(args) > 1 and isinstance(args[1], str) and any(mode in args[1] for mode in "wax+"):
+        os._exit(87)
+    if event == "object.__getattr__" and len(args) > 1 and args[1] in RESTRICTED_ATTRIBUTES:
+        os._exit(87)
+    if event.startswith(FORBIDDEN_EVENTS):
+        os._exit(87)
+
+
+def _child(write_fd, key, dataset, entry, answer):
+    """Score one answer and report ``key score`` on ``write_fd``; never returns."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    report = os.fdopen(write_fd, "w")  # opened before the hook: the hook refuses opens for writing
+    sys.addaudithook(_audit)
+    try:
+        score = float(dataset.score_answer(answer, entry))
+    except BaseException:  # the dataset's scorer failed on this text: no credit
+        score = 0.0
+    report.write(f"{key} {score!r}")
+    report.flush()
+    os._exit(0)
+
+
+def _score(dataset, entry, answer, timeout_s):
+    """(reward, flag) of one answer, scored in a forked child."""
+    read_fd, write_fd = os.pipe()
+    key = os.urandom(16).hex()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _child(write_fd, key, dataset, entry, answer)
+    os.close(write_fd)
+    data, deadline = b"", time.monotonic() + timeout_s
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([read_fd], [], [], remaining)[0]:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            os.close(read_fd)
+            return 0.0, "scorer-timeout"
+        chunk = os.read(read_fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+        if len(data) > 4096:
+            break
+    os.close(read_fd)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)  # whatever it left running
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status) and os.WEXITSTATUS(status) == 87:
+        return 0.0, "scorer-escape"
+    parts = data.decode("utf-8", "replace").split()
+    if len(parts) != 2 or parts[0] != key:
+        return 0.0, "scorer-report-forged"
+    try:
+        reward = float(parts[1])
+    except ValueError:
+        return 0.0, "scorer-report-forged"
+    return (min(1.0, max(0.0, reward)) if math.isfinite(reward) else 0.0), ""
+
+
+def main():
+    job = json.load(sys.stdin)
+    sys.stdin = None  # nothing else to read: a child must not read the job (other answers' sources)
+    cache, results = {}, []
+    for item in job["items"]:
+        dataset = _dataset(item["source"], cache)
+        entry = dataset[item["index"]]
+        answer = extract_answer(item["text"], job["tag"])
+        if answer is None:
+            results.append({"reward": 0.0, "answered": False, "flag": ""})
+            continue
+        reward, flag = _score(dataset, entry, answer, float(job["timeout_s"]))
+        results.append({"reward": reward, "answered": True, "flag": flag})
+    sys.stdout.write(json.dumps(results))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
