@@ -75,6 +75,40 @@ def test_training_raises_the_logprob_of_rewarded_samples(loss):
     assert mean_logprob(1) < before_bad
 
 
+def test_bfloat16_compute_keeps_float32_weights_and_state_and_follows_the_float32_step():
+    model = tiny_llama(seed=5)
+    groups = generate_groups(copy.deepcopy(model), groups=2, top_p=1.0, rewards=[[1.0, 0.0, 0.0, 0.0]] * 2)
+    seen = []
+    trainers = {}
+    for dtype in ("", "bfloat16"):
+        trainer = TorchTrainer(copy.deepcopy(model), algo=algo(), config=TrainerSection(compute_dtype=dtype))
+        handle = trainer.model.lm_head.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+        metrics = trainer.step(groups)
+        handle.remove()
+        assert metrics["grad/norm"] > 0 and trainer.version == 1
+        trainers[dtype] = trainer
+    assert seen == [torch.float32, torch.bfloat16]  # the matmuls ran in bfloat16 ...
+    mixed = trainers["bfloat16"]
+    assert all(p.dtype == torch.float32 for p in mixed.model.parameters())  # ... the master weights did not
+    def tensors(value):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, dict):
+            for item in value.values():
+                yield from tensors(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                yield from tensors(item)
+
+    state = [tensor for tensor in tensors(mixed.optimizer.state_dict()) if tensor.is_floating_point() and tensor.dim()]
+    assert state and all(tensor.dtype == torch.float32 for tensor in state)
+    # The same update, up to bfloat16 rounding of the activations.
+    for (name, full), (_, half) in zip(trainers[""].model.named_parameters(), mixed.model.named_parameters()):
+        delta_full, delta_half = full.detach() - model.state_dict()[name], half.detach() - model.state_dict()[name]
+        cosine = torch.nn.functional.cosine_similarity(delta_full.flatten(), delta_half.flatten(), dim=0)
+        assert delta_full.abs().max() == 0 or cosine > 0.9, name
+
+
 def test_zero_variance_groups_produce_no_gradient():
     model = tiny_llama(seed=3)
     groups = generate_groups(copy.deepcopy(model), groups=2, rewards=[[1.0] * 4, [0.0] * 4])
@@ -158,6 +192,10 @@ def test_backend_registered_and_config_validated():
         load_config({"trainer": {"backend": "sharded", "ranks": 2, "elastic": True}}, pm=pm)
     with pytest.raises(ConfigError, match="trainer.ranks: must be at least 1"):
         load_config({"trainer": {"ranks": 0}})
+    with pytest.raises(ConfigError, match="trainer.compute_dtype: the 'sharded' backend does not read it"):
+        load_config({"trainer": {"backend": "sharded", "compute_dtype": "bfloat16"}}, pm=pm)
+    with pytest.raises(ConfigError, match="trainer.compute_dtype"):
+        load_config({"trainer": {"compute_dtype": "float8"}})
 
 
 class TestTorchBackend(TrainerBackendTests):

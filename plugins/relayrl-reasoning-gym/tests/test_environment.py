@@ -91,6 +91,16 @@ def test_the_reward_is_the_datasets_own_score_of_the_tagged_answer(chain) -> Non
     assert chain.metrics()["reasoning_gym/unanswered"] >= 1.0
 
 
+def test_without_a_tag_the_whole_final_message_is_the_answer() -> None:
+    environment = build({**CHAIN, "answer_tag": "", "prompt": "{question}\nReply with only the final answer."})
+    task = environment.tasks()[0]
+    graded = grade(environment, task, [f" {task.answer}\n", f"The answer is {task.answer}.", ""])
+    assert graded[0].reward == 1.0 and graded[1].reward < 1.0 and graded[2].reward == 0.0
+    assert [trajectory.reward_components["answered"] for trajectory in graded] == [1.0, 1.0, 0.0]
+    assert environment.demonstration(task) == task.answer
+    environment.close()
+
+
 def test_partial_credit_is_the_datasets_not_ours() -> None:
     # spell_backward's score_answer gives partial credit for a near miss: the reward is that score.
     environment = build({"dataset": "spell_backward", "tasks": 5, "eval_tasks": 0})

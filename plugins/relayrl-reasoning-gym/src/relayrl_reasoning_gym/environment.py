@@ -36,8 +36,7 @@ from relayrl.rollout.hookspecs import Environment
 
 __all__ = ["DEFAULT_PROMPT", "MixEntry", "ReasoningGymConfig", "ReasoningGymEnvironment"]
 
-DEFAULT_PROMPT = ("{question}\n\nGive only the final answer, between <answer> and </answer> tags, "
-                  "for example <answer>42</answer>.")
+DEFAULT_PROMPT = "{question}\n\nGive only the final answer, between <answer> and </answer> tags."
 """The user message of a task: the dataset's question, then the answer format."""
 
 EVAL_SEED_OFFSET = 1_000_000_007
@@ -75,7 +74,8 @@ class ReasoningGymConfig(Section, kw_only=True):
     prompt: str = DEFAULT_PROMPT
     """The user message; ``{question}`` is replaced by the dataset's question."""
     answer_tag: str = "answer"
-    """The answer is the text between the last ``<answer_tag>`` ... ``</answer_tag>`` of the final message."""
+    """The answer is the text between the last ``<answer_tag>`` ... ``</answer_tag>`` of the final message;
+    ``""``: the whole final message is the answer (then say so in ``prompt``: "Reply with only the final answer")."""
     task_file: str = ""
     """Train on a task set written by ``relayrl data filter`` (JSONL of TaskSpecs) instead of ``tasks``."""
     python: str = "auto"
@@ -108,7 +108,7 @@ class ReasoningGymConfig(Section, kw_only=True):
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(f"{path}.prompt: not a format string with only {{question}} ({exc}); "
                               "write literal braces as {{ and }}") from None
-        if not self.answer_tag.replace("_", "").replace("-", "").isalnum():
+        if self.answer_tag and not self.answer_tag.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"{path}.answer_tag: {self.answer_tag!r} is not a tag name (letters, digits, - and _)")
         train, held = self.seed_ranges()
         if held[1] > 0 and train[0] < held[1] and held[0] < train[1]:
@@ -225,7 +225,10 @@ class ReasoningGymEnvironment(Environment):
 
     def demonstration(self, task: TaskSpec) -> str | None:
         """The dataset's reference answer in the asked format (for a supervised warm-up, if one is wanted)."""
-        return None if task.answer is None else f"<{self.config.answer_tag}>{task.answer}</{self.config.answer_tag}>"
+        if task.answer is None:
+            return None
+        tag = self.config.answer_tag
+        return f"<{tag}>{task.answer}</{tag}>" if tag else str(task.answer)
 
     def tools(self, task: TaskSpec) -> Any:
         from relayrl.rollout.manager import no_tools

@@ -51,7 +51,10 @@ RESTRICTED_ATTRIBUTES = ("tb_frame", "f_back", "f_globals", "f_locals", "gi_fram
 
 
 def extract_answer(text, tag):
-    """The text between the last ``<tag>`` ... ``</tag>`` pair, stripped; None when there is none."""
+    """The answer in ``text``: between the last ``<tag>`` ... ``</tag>`` pair, or (``tag`` empty) the
+    whole text; stripped. None when there is none."""
+    if not tag:
+        return text.strip() or None
     matches = re.findall(f"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
     return matches[-1].strip() if matches else None
 

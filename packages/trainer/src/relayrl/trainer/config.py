@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from relayrl.core.config import ConfigError, Section
 from relayrl.core.errors import PluginError
@@ -60,6 +60,12 @@ class TrainerSection(Section, kw_only=True):
     With an entropy bonus the metric uses every position (the bonus computes it anyway)."""
     threads: int = 0
     """torch intra-op threads for the trainer process; 0 = torch's default."""
+    compute_dtype: Literal["", "bfloat16"] = ""
+    """Mixed precision (``torch`` backend): ``"bfloat16"`` runs the forward and backward matmuls in
+    bfloat16 (``torch.autocast``) while weights, gradients and optimiser state stay in ``model.dtype``
+    (float32 master weights: an update far below a bfloat16 ulp is not lost). The loss's softmaxes stay
+    in float32. On a CPU with AVX512-BF16 or AMX a step of a 135M model takes about 0.6x the time
+    (benchmarks/trainer_step.py --model); ``""``: compute in ``model.dtype``. DeepSpeed has its own ``bf16``."""
     steps: int = 0
     """RL optimiser steps of a ``relayrl run``; 0 runs until stopped."""
     checkpoint_keep: int = 3
@@ -90,6 +96,9 @@ class TrainerSection(Section, kw_only=True):
             raise ConfigError(f"{path}.checkpoint_keep: must be at least 1")
         if self.ranks < 1:
             raise ConfigError(f"{path}.ranks: must be at least 1")
+        if self.compute_dtype and self.backend != "torch":
+            raise ConfigError(f"{path}.compute_dtype: the {self.backend!r} backend does not read it "
+                              "(DeepSpeed: [deepspeed] bf16 = true); leave it empty")
         try:
             record = lookup(pm, "relayrl_trainer_backends", self.backend, kind="trainer backend")
         except PluginError as exc:

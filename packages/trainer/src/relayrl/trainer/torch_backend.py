@@ -24,6 +24,7 @@ correction masks heavily takes a proportionally smaller step.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -103,6 +104,13 @@ class TorchTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
 
+    def _compute_precision(self) -> contextlib.AbstractContextManager[Any]:
+        """``torch.autocast`` to ``compute_dtype`` around a forward (its backward follows the same casts)."""
+        if not self.config.compute_dtype:
+            return contextlib.nullcontext()
+        device = next(self.model.parameters()).device.type
+        return torch.autocast(device_type=device, dtype=getattr(torch, self.config.compute_dtype))
+
     def accumulate_gradients(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None,
                              shard: tuple[int, int] = (0, 1),
                              reduce_sums: Callable[[Counter[str]], Counter[str]] | None = None) -> dict[str, float]:
@@ -118,7 +126,7 @@ class TorchTrainer:
         sums: Counter[str] = Counter()
         rank, world = shard
         for rows, micro in split_by_token_budget(prepared.batch, self.config.micro_batch_tokens)[rank::world]:
-            with self.objective.routing(self.model, micro, sums):
+            with self.objective.routing(self.model, micro, sums), self._compute_precision():
                 logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
                 self.objective.micro_loss(logits, micro, prepared.sequence_advantages[rows], prepared.staleness[rows],
                                           prepared.denominator, sums).backward()
