@@ -82,19 +82,17 @@ def paired_change(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> 
 def train(run_dir: Path, seed: int, budget_s: float, *, cwd: Path, extra: list[str]) -> dict[str, Any]:
     """``relayrl run`` of the example with ``seed``, stopped with Ctrl-C at ``budget_s`` if still going."""
     started = time.monotonic()
-    log = open(run_dir.with_suffix(".log"), "w")
-    process = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "run", str(EXAMPLE), "--run-dir", str(run_dir),
-                                "--no-report", "--set", f"run.seed={seed}", *extra],
-                               cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
     stopped = False
-    try:
-        process.wait(timeout=budget_s)
-    except subprocess.TimeoutExpired:
-        stopped = True
-        process.send_signal(signal.SIGINT)  # a clean stop: the newest published version stays on the bus
-        process.wait(timeout=600)
-    finally:
-        log.close()
+    with open(run_dir.with_suffix(".log"), "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "relayrl.cli", "run", str(EXAMPLE), "--run-dir", str(run_dir),
+                                    "--no-report", "--set", f"run.seed={seed}", *extra],
+                                   cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            process.wait(timeout=budget_s)
+        except subprocess.TimeoutExpired:
+            stopped = True
+            process.send_signal(signal.SIGINT)  # a clean stop: the newest published version stays on the bus
+            process.wait(timeout=600)
     wall = time.monotonic() - started
     if process.returncode not in (0, 130, -signal.SIGINT) and not stopped:
         raise SystemExit(f"relayrl run failed ({process.returncode}); see {run_dir.with_suffix('.log')}")

@@ -209,3 +209,8 @@ def test_kernels_learning_quick_mode_trains_then_evaluates_version_1_and_the_new
     assert "| multi-turn | 0 | 4 |" in out and "| single-turn-same-start | 0 | 4 |" in out, out
     assert "- multi-turn: held-out reward" in out and "- single-turn-same-start: held-out reward" in out
     assert "Multi-turn minus single-turn-same-start training" in out
+
+
+def test_trainer_precision_benchmark_quick_mode_runs():
+    out = run_quick("trainer_precision.py")
+    assert "float32 (baseline)" in out and "bfloat16 autocast" in out and "cosine" in out

@@ -79,6 +79,23 @@ def test_a_mix_draws_every_dataset_and_names_it(chain) -> None:
     assert categories.count("chain_sum") > categories.count("leg_counting")  # weight 2 against 1
 
 
+def test_a_filtered_task_set_trains_through_task_file_and_still_grades(chain, tmp_path) -> None:
+    # What `relayrl data filter` writes: the kept tasks as JSONL TaskSpecs, a pass rate in their metadata.
+    import json
+
+    import msgspec
+
+    kept = chain.tasks()[3:6]
+    path = tmp_path / "filtered.jsonl"
+    path.write_text("".join(json.dumps(msgspec.to_builtins(msgspec.structs.replace(
+        task, metadata={**task.metadata, "pass_rate": 0.25}))) + "\n" for task in kept))
+    filtered = build({**CHAIN, "task_file": str(path)})
+    assert [task.task_id for task in filtered.tasks()] == [task.task_id for task in kept]
+    task = filtered.tasks()[0]
+    assert grade(filtered, task, [f"<answer>{task.answer}</answer>"])[0].reward == 1.0
+    filtered.close()
+
+
 # -------------------------------------------------------------------------------------- grading
 def test_the_reward_is_the_datasets_own_score_of_the_tagged_answer(chain) -> None:
     task = chain.tasks()[0]
