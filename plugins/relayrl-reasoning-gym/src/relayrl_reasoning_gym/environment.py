@@ -3,9 +3,9 @@
 A task is one entry of a reasoning-gym dataset (a dataset by name with its difficulty knobs, or a
 weighted mix of several), its question put into :attr:`ReasoningGymConfig.prompt`, which says how
 to answer: by default the final answer between ``<answer>`` and ``</answer>`` tags, and nothing
-else. The reward is the dataset's own ``score_answer`` (0 to 1) on the text between the last pair
-of tags of the episode's final message, computed in a sandbox (:mod:`relayrl_reasoning_gym.scorer`):
-no tags, no reward. Training tasks and held-out tasks come from disjoint seeds (entry ``i`` of a
+else (``answer_format`` offers the whole reply, its last line or its last number instead). The reward
+is the dataset's own ``score_answer`` (0 to 1) on the answer found in the episode's final message,
+computed in a sandbox (:mod:`relayrl_reasoning_gym.scorer`): no answer found, no reward. Training tasks and held-out tasks come from disjoint seeds (entry ``i`` of a
 dataset seeded ``s`` is generated from ``Random(s + i)``, so the two seed ranges never overlap), and
 a training task whose question is also a held-out one is dropped (``split_tasks``).
 
@@ -25,7 +25,7 @@ import dataclasses
 import difflib
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -73,9 +73,12 @@ class ReasoningGymConfig(Section, kw_only=True):
     """Seed of the held-out tasks (default ``seed + 1000000007``); its range must not meet the training one."""
     prompt: str = DEFAULT_PROMPT
     """The user message; ``{question}`` is replaced by the dataset's question."""
+    answer_format: Literal["tag", "whole", "last-line", "last-number"] = "tag"
+    """Where the answer is in the final message: between the last ``<answer_tag>`` ... ``</answer_tag>``
+    (``tag``), the whole message (``whole``), its last non-empty line (``last-line``) or its last number
+    (``last-number``, for numeric datasets). ``prompt`` must ask for the same."""
     answer_tag: str = "answer"
-    """The answer is the text between the last ``<answer_tag>`` ... ``</answer_tag>`` of the final message;
-    ``""``: the whole final message is the answer (then say so in ``prompt``: "Reply with only the final answer")."""
+    """The tag of ``answer_format = "tag"``."""
     task_file: str = ""
     """Train on a task set written by ``relayrl data filter`` (JSONL of TaskSpecs) instead of ``tasks``."""
     python: str = "auto"
@@ -108,7 +111,7 @@ class ReasoningGymConfig(Section, kw_only=True):
         except (KeyError, IndexError, ValueError) as exc:
             raise ConfigError(f"{path}.prompt: not a format string with only {{question}} ({exc}); "
                               "write literal braces as {{ and }}") from None
-        if self.answer_tag and not self.answer_tag.replace("_", "").replace("-", "").isalnum():
+        if not self.answer_tag or not self.answer_tag.replace("_", "").replace("-", "").isalnum():
             raise ConfigError(f"{path}.answer_tag: {self.answer_tag!r} is not a tag name (letters, digits, - and _)")
         train, held = self.seed_ranges()
         if held[1] > 0 and train[0] < held[1] and held[0] < train[1]:
@@ -180,7 +183,8 @@ class ReasoningGymEnvironment(Environment):
         self.config = config or ReasoningGymConfig(dataset="chain_sum")
         self.config.check(pm, "rollout.environment_options")
         self.grader = ScorerGrader(python=lambda backend: resolve_python(backend, self.config.python),
-                                   tag=self.config.answer_tag, timeout_s=self.config.answer_timeout_s,
+                                   answer_format=self.config.answer_format, tag=self.config.answer_tag,
+                                   timeout_s=self.config.answer_timeout_s,
                                    sandbox=sandbox, pm=pm, window_s=self.config.grade_window_s)
         self.counts = {"answered": 0, "unanswered": 0, "flagged": 0, "correct": 0}
 
@@ -228,7 +232,7 @@ class ReasoningGymEnvironment(Environment):
         if task.answer is None:
             return None
         tag = self.config.answer_tag
-        return f"<{tag}>{task.answer}</{tag}>" if tag else str(task.answer)
+        return f"<{tag}>{task.answer}</{tag}>" if self.config.answer_format == "tag" else str(task.answer)
 
     def tools(self, task: TaskSpec) -> Any:
         from relayrl.rollout.manager import no_tools
@@ -255,7 +259,7 @@ class ReasoningGymEnvironment(Environment):
         results: list[Any] = await self.grader.grade(items)
         graded = []
         for trajectory, text, result in zip(trajectories, texts, results):
-            extracted = extract_answer(text, self.config.answer_tag)
+            extracted = extract_answer(text, self.config.answer_format, self.config.answer_tag)
             evidence = code_in_answer(extracted) if extracted is not None else ""
             flags = [CheatingFlag(detector="code-in-answer", evidence=evidence)] if evidence else []
             if result.flag:

@@ -27,7 +27,7 @@ class ScoreResult(msgspec.Struct, frozen=True, kw_only=True):
     reward: float
     """The dataset's ``score_answer``, clamped to [0, 1] (0 when unanswered or flagged)."""
     answered: bool
-    """Whether the final message held an answer between the tags."""
+    """Whether the answer format found an answer in the final message."""
     flag: str = ""
     """``scorer-escape``, ``scorer-timeout`` or ``scorer-report-forged`` when the scoring child misbehaved."""
 
@@ -45,11 +45,12 @@ class ScorerGrader(BatchedSandboxGrader):
     probe the sandbox or build a grader environment).
     """
 
-    def __init__(self, *, python: Any, tag: str, timeout_s: float, sandbox: Any = None, pm: Any = None,
-                 window_s: float = 0.05) -> None:
+    def __init__(self, *, python: Any, answer_format: str, tag: str, timeout_s: float, sandbox: Any = None,
+                 pm: Any = None, window_s: float = 0.05) -> None:
         super().__init__("", name="reasoning-gym", sandbox=sandbox, pm=pm, window_s=window_s)
         self._resolve_python = python
         self._python: str | None = None
+        self.answer_format = answer_format
         self.tag = tag
         self.answer_timeout_s = timeout_s
 
@@ -60,7 +61,7 @@ class ScorerGrader(BatchedSandboxGrader):
 
     def grade_sync(self, items: list[dict[str, Any]]) -> list[ScoreResult]:  # type: ignore[override]
         """Score ``items`` (``{"source", "index", "text"}``) with one command in a fresh sandbox."""
-        job = {"tag": self.tag, "timeout_s": self.answer_timeout_s, "items": items}
+        job = {"format": self.answer_format, "tag": self.tag, "timeout_s": self.answer_timeout_s, "items": items}
         # Every answer may take its timeout, plus the import and the regeneration of entries.
         timeout = 120.0 + self.answer_timeout_s * len(items)
         with self.backend().create() as sandbox:

@@ -2,7 +2,7 @@
 
 Run as ``python -I -c SOURCE`` with a job on stdin::
 
-    {"tag": "answer", "timeout_s": 5.0,
+    {"format": "tag", "tag": "answer", "timeout_s": 5.0,
      "items": [{"source": {"name": "chain_sum", "config": {...}, "size": 10000, "seed": 0}, "index": 17,
                 "text": "<the model's final message>"}, ...]}
 
@@ -50,13 +50,30 @@ RESTRICTED_ATTRIBUTES = ("tb_frame", "f_back", "f_globals", "f_locals", "gi_fram
 """``object.__getattr__`` audit events for these attributes (frame walking) end the child too."""
 
 
-def extract_answer(text, tag):
-    """The answer in ``text``: between the last ``<tag>`` ... ``</tag>`` pair, or (``tag`` empty) the
-    whole text; stripped. None when there is none."""
-    if not tag:
-        return text.strip() or None
-    matches = re.findall(f"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
-    return matches[-1].strip() if matches else None
+LAST_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?")
+
+
+def extract_answer(text, answer_format, tag="answer"):
+    """The answer in ``text`` under ``answer_format``, stripped; None when there is none.
+
+    ``tag``: between the last ``<tag>`` ... ``</tag>`` pair; ``whole``: the whole text; ``last-line``:
+    its last non-empty line; ``last-number``: its last number (``-12``, ``3.5``, ``1,000``), the
+    "flexible" extraction of numeric answers that lm-eval's GSM8K task uses.
+    """
+    if answer_format == "tag":
+        matches = re.findall(f"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
+        answer = matches[-1] if matches else ""
+    elif answer_format == "whole":
+        answer = text
+    elif answer_format == "last-line":
+        lines = [line for line in text.splitlines() if line.strip()]
+        answer = lines[-1] if lines else ""
+    elif answer_format == "last-number":
+        numbers = LAST_NUMBER.findall(text)
+        answer = numbers[-1] if numbers else ""
+    else:
+        raise ValueError(f"unknown answer format {answer_format!r}")
+    return answer.strip() or None
 
 
 def _dataset(source, cache):
@@ -145,7 +162,7 @@ def main():
     for item in job["items"]:
         dataset = _dataset(item["source"], cache)
         entry = dataset[item["index"]]
-        answer = extract_answer(item["text"], job["tag"])
+        answer = extract_answer(item["text"], job["format"], job["tag"])
         if answer is None:
             results.append({"reward": 0.0, "answered": False, "flag": ""})
             continue

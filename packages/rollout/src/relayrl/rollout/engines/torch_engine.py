@@ -143,7 +143,8 @@ class TorchEngine(InferenceEngine):
     _ids = itertools.count()
 
     def __init__(self, model: torch.nn.Module, *, engine_id: str | None = None, version: int = 0,
-                 max_batch: int = 32, pad_token_id: int = 0, seed: int = 0, stream_interval_s: float = 0.0) -> None:
+                 max_batch: int = 32, pad_token_id: int = 0, seed: int = 0, stream_interval_s: float = 0.0,
+                 share_prefill: bool = True) -> None:
         if stream_interval_s < 0:
             raise ValueError(f"stream_interval_s must be >= 0, got {stream_interval_s}")
         self.model = model.eval()
@@ -154,6 +155,11 @@ class TorchEngine(InferenceEngine):
         self._expert_dtype = np.dtype("<u2") if any(r.num_experts > 256 for r in self._routers) else np.dtype("u1")
         self.stream_interval_s = stream_interval_s
         """Hand a request's tokens over at most this often (and at its end); 0: every decode step."""
+        self.share_prefill = share_prefill
+        """Requests of a batch with the same prompt (a group's samples) share one prefill: the prompt
+        is run once and its KV cache copied to each of them (a group of 8 prefills an eighth)."""
+        self.prefill_rows = 0
+        """Prompts prefilled since the engine started (rows of the prefill forwards)."""
         self.engine_id = engine_id or f"torch-{next(self._ids)}"
         self._version = version
         self.max_batch = max_batch
@@ -272,14 +278,32 @@ class TorchEngine(InferenceEngine):
         # The sequence position of each row's first input of the next forward (the prefill's left
         # padding sits at negative positions).
         first_positions = [len(prompt) - width for prompt in prompts]
+        # Rows with the same prompt share one prefill (not with routing capture, which records per row).
+        leader_of: dict[tuple[int, ...], int] = {}
+        copy_from = [leader_of.setdefault(tuple(prompt), len(leader_of)) for prompt in prompts]
+        expand: torch.Tensor | None = None
+        step_inputs = (input_ids, attention, positions)
+        if self.share_prefill and capture is None and len(leader_of) < len(batch):
+            leaders = torch.tensor([copy_from.index(index) for index in range(len(leader_of))], device=device)
+            step_inputs = (input_ids[leaders], attention[leaders], positions[leaders])
+            expand = torch.tensor(copy_from, device=device)
+        first_step = True
         while True:
-            output = self._step(input_ids=input_ids, attention_mask=attention, position_ids=positions,
+            output = self._step(input_ids=step_inputs[0], attention_mask=step_inputs[1], position_ids=step_inputs[2],
                                 use_cache=True, logits_to_keep=1, capture=capture, **{self._cache_keyword: cache})
             cache = getattr(output, self._cache_keyword)
+            step_logits = output.logits
+            if first_step:
+                self.prefill_rows += step_inputs[0].shape[0]
+                first_step = False
+            if expand is not None:  # each shared prompt's cache and logits copied to the rows that share it
+                cache.reorder_cache(expand)
+                step_logits = step_logits.index_select(0, expand)
+                expand = None
             if capture is not None:
                 self._record_routing(batch, capture, first_positions, input_ids.shape[1], finished)
                 first_positions = [len(prompt) + count for prompt, count in zip(prompts, produced)]
-            logits = output.logits[:, -1, :].float()
+            logits = step_logits[:, -1, :].float()
             self.steps += 1
             version = self._version
             next_tokens = [self.pad_token_id] * len(batch)
@@ -326,6 +350,7 @@ class TorchEngine(InferenceEngine):
             input_ids = torch.tensor(next_tokens, dtype=torch.long, device=device).unsqueeze(1)
             attention = torch.cat([attention, torch.ones((len(batch), 1), dtype=attention.dtype, device=device)], dim=1)
             positions = positions[:, -1:] + 1
+            step_inputs = (input_ids, attention, positions)
 
     def _hand_over(self, batch: list[_Pending], finish_reasons: dict[int, str]) -> None:
         """Send each row's new tokens to its consumer, unless its previous event is still on the way
@@ -407,7 +432,8 @@ class TorchEngine(InferenceEngine):
 
     async def health(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "version": self._version, "waiting": len(self._waiting),
-                "steps": self.steps, "weight_updates": self.weight_updates, "alive": self._worker.is_alive(), "paused": self.paused}
+                "steps": self.steps, "weight_updates": self.weight_updates, "prefill_rows": self.prefill_rows,
+                "alive": self._worker.is_alive(), "paused": self.paused}
 
 
 
