@@ -138,6 +138,18 @@ def markdown(base: dict[str, Any] | None, runs: list[dict[str, Any]], tasks: int
     return "\n".join(lines)
 
 
+def headline(base: dict[str, Any], runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """One sentence for the README."""
+    after = [run["stats"]["pass@1"] for run in runs]
+    changes = [run["change"] for run in runs]
+    spread = f", standard error over seeds {statistics.stdev(changes) / math.sqrt(len(changes)):.3f}" if len(runs) > 1 else ""
+    return (f"SmolLM2-135M-Instruct, a pretrained model with its own tokenizer and chat template, on reasoning-gym's "
+            f"`chain_sum`: held-out pass@1 ({args.eval_tasks} tasks) went from {base['stats']['pass@1']:.3f} to "
+            f"{', '.join(f'{value:.3f}' for value in after)} on {len(runs)} seed(s) of `examples/reasoning.toml`, "
+            f"{max(run['wall_s'] for run in runs) / 60:.0f} minutes or less each from the command on 2 CPU cores "
+            f"(mean change {statistics.fmean(changes):+.3f}{spread}).")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
@@ -166,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     def report() -> None:
         text = markdown(base, runs, args.eval_tasks, args.budget_min, revision)
         print(text, flush=True)
-        if not args.quick:
-            print(f"wrote {write_results(NAME, command=command_line(argv), markdown=text, revision=revision, data={'base': base, 'runs': runs, 'eval_tasks': args.eval_tasks, 'budget_min': args.budget_min})}")
+        if args.quick:
+            return
+        data = {"base": base, "runs": runs, "eval_tasks": args.eval_tasks, "budget_min": args.budget_min}
+        print(f"wrote {write_results(NAME, command=command_line(argv), markdown=text, revision=revision, data=data)}")
+        if base is not None and runs:
+            print(f"wrote {write_results(f'{NAME}-headline', command=command_line(argv), revision=revision, data=data, markdown=headline(base, runs, args))}")
 
     with contextlib.ExitStack() as stack:
         folder = (Path(args.work_dir) if args.work_dir

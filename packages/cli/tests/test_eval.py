@@ -262,6 +262,13 @@ def test_mistakes_are_one_line_and_a_model_directory_is_evaluated_at_version_zer
     summary = json.loads((tmp_path / "fresh" / "summary.json").read_text())
     assert summary["spec"]["version"] == 0 and summary["spec"]["tasks"] == "countdown (eval split)"
     assert [task["task_id"] for task in summary["tasks"]] == [f"cd-eval-{index}" for index in range(4)]
+    # A config whose own [model] path does not exist here: MODEL replaces it before the config is checked.
+    elsewhere = tmp_path / "elsewhere.toml"
+    elsewhere.write_text((ROOT / "examples" / "quickstart.toml").read_text().replace(
+        "[model]\n", '[model]\npath = "models/not-on-this-machine"\n'))
+    status, _, stderr = eval_main(capsys, "eval", str(run_dir / "model"), "--config", str(elsewhere), "--tasks",
+                                  "countdown", "--limit", "4", "--samples", "2", "--out", str(tmp_path / "fresh"))
+    assert status == 0, stderr
 
 
 def test_data_filter_keeps_the_band_and_reuses_an_evals_records(run_dir, tmp_path, capsys):

@@ -230,3 +230,37 @@ def test_a_python_that_lacks_reasoning_gym_is_refused_in_one_line(tmp_path) -> N
 
 def test_defaults_decode() -> None:
     assert ReasoningGymConfig(dataset="gcd").held_out_seed() == 1_000_000_007
+
+
+def test_without_an_interpreter_that_can_score_a_grader_environment_is_built(monkeypatch) -> None:
+    """What a root user whose interpreter lives under /root gets: relayrl builds a world-readable
+    environment of /usr/bin/python3 with the host's reasoning-gym release, and the scorer runs there.
+    (The host's interpreter and the sandbox's python3 are made to fail here; the build and the probe
+    of what it built are real.)"""
+    import shutil
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    from relayrl.sandbox import SandboxSection, open_backend
+    from relayrl_reasoning_gym import interpreter
+
+    if shutil.which("python3", path="/usr/bin:/bin") is None:
+        pytest.skip("no /usr/bin/python3 to build a grader environment from")
+    Path("/var/cache").mkdir(exist_ok=True)
+    home = Path(tempfile.mkdtemp(prefix="relayrl-grader-test-", dir="/var/cache"))  # not /tmp: private in a sandbox
+    monkeypatch.setenv("RELAYRL_GRADER_HOME", str(home))
+    real_probe = interpreter.probe
+    monkeypatch.setattr(interpreter, "probe", lambda backend, python: (None, "made to fail") if python in (
+        sys.executable, "python3") else real_probe(backend, python))
+    try:
+        try:
+            python = interpreter.resolve_python(open_backend(section=SandboxSection()), "auto")
+        except interpreter.GraderPythonError as exc:
+            if "pip" in str(exc) or "could not build" in str(exc):
+                pytest.skip(f"cannot install reasoning-gym from the package index here: {exc}")
+            raise
+        assert python == str(home / f"reasoning-gym-{interpreter.host_release()}" / "bin" / "python3")
+        assert real_probe(open_backend(section=SandboxSection()), python) == (interpreter.host_release(), "")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

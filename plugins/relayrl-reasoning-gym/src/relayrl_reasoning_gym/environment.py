@@ -187,6 +187,7 @@ class ReasoningGymEnvironment(Environment):
                                    timeout_s=self.config.answer_timeout_s,
                                    sandbox=sandbox, pm=pm, window_s=self.config.grade_window_s)
         self.counts = {"answered": 0, "unanswered": 0, "flagged": 0, "correct": 0}
+        self._made: dict[str, list[TaskSpec]] = {}
 
     # ------------------------------------------------------------------ tasks
     def _source(self, split: str) -> dict[str, Any]:
@@ -200,6 +201,12 @@ class ReasoningGymEnvironment(Environment):
         return {"name": config.dataset, "config": dict(config.config), "size": size, "seed": seed}
 
     def _make(self, split: str) -> list[TaskSpec]:
+        """The split's tasks, generated once per environment (some datasets take a while per entry)."""
+        if split not in self._made:
+            self._made[split] = self._generate(split)
+        return list(self._made[split])
+
+    def _generate(self, split: str) -> list[TaskSpec]:
         source = self._source(split)
         if source["size"] == 0:
             return []

@@ -11,7 +11,7 @@ order, and keeps the first that imports the same release in a sandbox:
 3. a grader environment relayrl builds once: a virtual environment of the distribution's
    ``/usr/bin/python3`` with that reasoning-gym release from the package index, readable by every
    user, under ``$RELAYRL_GRADER_HOME`` (default ``/var/cache/relayrl`` as root, else
-   ``~/.cache/relayrl``).
+   ``~/.cache/relayrl``; not under ``/tmp`` or ``/var/tmp``, which are private in a sandbox).
 
 When none works the error says, in one line, what to set. A named ``python`` is checked the same way.
 """
@@ -35,7 +35,9 @@ __all__ = ["GraderPythonError", "grader_home", "host_release", "probe", "resolve
 
 logger = logging.getLogger(__name__)
 
-_PROBE = "import json, reasoning_gym; print(json.dumps(reasoning_gym.__version__))"
+# The distribution's version: reasoning_gym.__version__ lags its releases (0.1.25 says 0.1.19).
+_PROBE = ("import json, importlib.metadata, reasoning_gym; "
+          "print(json.dumps(importlib.metadata.version('reasoning-gym')))")
 
 
 class GraderPythonError(RelayrlError):
@@ -43,10 +45,10 @@ class GraderPythonError(RelayrlError):
 
 
 def host_release() -> str:
-    """The reasoning_gym release installed on the host."""
-    import reasoning_gym
+    """The reasoning-gym release installed on the host (its distribution's version)."""
+    import importlib.metadata
 
-    return str(reasoning_gym.__version__)
+    return importlib.metadata.version("reasoning-gym")
 
 
 def grader_home() -> Path:

@@ -66,12 +66,10 @@ def resolve_model(spec: str, *, overrides: list[str], config_file: str | None, p
     if _is_hf_model(path):
         if version is not None:
             raise RelayrlError(f"{spec}: a model directory has no versions (only a run directory does)")
-        raw = dict(load_config(config_file, pm=pm).raw) if config_file is not None else {}
-        model = dict(raw.get("model", {}))
-        model.pop("init", None)
-        model["path"] = str(path.resolve())
-        raw["model"] = model
-        config = load_config(raw, overrides=overrides, pm=pm)
+        # The config's own [model] (a path that may not exist here, a fresh model's init) gives way to
+        # MODEL before it is checked; its tokenizer and chat format still apply.
+        given = [f"model.path={json.dumps(str(path.resolve()))}", "model.init={}", *overrides]
+        config = load_config(config_file if config_file is not None else {}, overrides=given, pm=pm)
         return EvalModel(model_dir=path.resolve(), config=config, version=0, label=str(path))
     layout = RunLayout(path)
     if not layout.exists():
