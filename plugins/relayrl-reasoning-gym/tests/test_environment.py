@@ -96,6 +96,46 @@ def test_a_filtered_task_set_trains_through_task_file_and_still_grades(chain, tm
     filtered.close()
 
 
+def test_tasks_are_the_same_in_every_process_whatever_its_hash_seed() -> None:
+    # word_ladder builds entries from sets of strings: under per-process hash randomisation the same
+    # seed made other entries in another process (and the sandbox scored answers against those).
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from relayrl_reasoning_gym.grading import generate_entries
+
+    source = {"name": "word_ladder", "config": {}, "size": 3, "seed": 5}
+    here = generate_entries(source)
+    code = ("import json, sys; from relayrl_reasoning_gym.grading import generate_entries; "
+            f"print(json.dumps(generate_entries({source!r})))")
+    there = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                      env={**os.environ, "PYTHONHASHSEED": "123"}).stdout)
+    assert here == there and len(here) == 3
+
+
+def test_every_datasets_reference_answer_earns_full_marks_in_the_sandbox() -> None:
+    """All of reasoning-gym at once: a mix of every dataset, the first task of each graded with its own
+    reference answer, in one sandbox command (each answer in a child of its own)."""
+    from reasoning_gym.factory import DATASETS
+
+    names = sorted(name for name in DATASETS if name != "composite")
+    environment = build({"mix": [{"name": name} for name in names], "tasks": 12 * len(names), "eval_tasks": 0,
+                         "answer_format": "whole"})
+    first: dict[str, object] = {}
+    for task in environment.tasks():
+        first.setdefault(task.metadata["category"], task)
+    graded = [task for task in first.values() if task.answer is not None]
+    assert len(first) > 0.9 * len(names) and len(graded) > 0.85 * len(names)
+    results = environment.grader.grade_sync([{"source": task.metadata["source"], "index": task.metadata["index"],
+                                              "text": task.answer} for task in graded])
+    wrong = {task.metadata["category"]: result for task, result in zip(graded, results)
+             if result.reward != 1.0 or result.flag}
+    assert not wrong
+    environment.close()
+
+
 # -------------------------------------------------------------------------------------- grading
 def test_the_reward_is_the_datasets_own_score_of_the_tagged_answer(chain) -> None:
     task = chain.tasks()[0]

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -160,14 +159,10 @@ def _check_dataset(name: str, config: dict[str, Any], name_path: str, config_pat
         raise ConfigError(f"{config_path}: {name} refuses this config: {type(exc).__name__}: {exc}".rstrip(": ")) from None
 
 
-def _create(name: str, config: dict[str, Any], *, size: int, seed: int, mix: Sequence[MixEntry] = ()) -> Any:
+def _create(name: str, config: dict[str, Any], *, size: int, seed: int) -> Any:
+    """The dataset in this process (to validate a config; tasks are made by ``generate_entries``)."""
     import reasoning_gym
 
-    if mix:
-        from reasoning_gym.composite import DatasetSpec
-
-        return reasoning_gym.create_dataset("composite", size=size, seed=seed, datasets=[
-            DatasetSpec(name=entry.name, weight=entry.weight, config=dict(entry.config)) for entry in mix])
     return reasoning_gym.create_dataset(name, size=size, seed=seed, **config)
 
 
@@ -207,22 +202,17 @@ class ReasoningGymEnvironment(Environment):
         return list(self._made[split])
 
     def _generate(self, split: str) -> list[TaskSpec]:
+        from relayrl_reasoning_gym.grading import generate_entries
+
         source = self._source(split)
         if source["size"] == 0:
             return []
-        dataset = _create(self.config.dataset, self.config.config, size=source["size"], seed=source["seed"],
-                          mix=self.config.mix)
         prefix = "rg" if split == "train" else "rg-eval"
-        tasks = []
-        for index in range(source["size"]):
-            entry = dataset[index]
-            name = entry["metadata"].get("source_dataset", self.config.dataset)
-            tasks.append(TaskSpec(
-                task_id=f"{prefix}-{source['seed']}-{index}", instruction=self.config.prompt.format(question=entry["question"]),
-                kind="answer", answer=_text(entry.get("answer")),
-                metadata={"category": str(name), "source": source, "index": index,
-                          "difficulty": _plain(entry["metadata"].get("difficulty", {}))}))
-        return tasks
+        return [TaskSpec(task_id=f"{prefix}-{source['seed']}-{index}",
+                         instruction=self.config.prompt.format(question=entry["question"]), kind="answer",
+                         answer=entry["answer"], metadata={"category": entry["category"], "source": source,
+                                                           "index": index, "difficulty": entry["difficulty"]})
+                for index, entry in enumerate(generate_entries(source))]
 
     def tasks(self) -> list[TaskSpec]:
         if self.config.task_file:
@@ -285,12 +275,3 @@ class ReasoningGymEnvironment(Environment):
 
     def close(self) -> None:
         self.grader.close()
-
-
-def _text(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
-def _plain(value: Any) -> Any:
-    """``value`` as JSON-able data (difficulty knobs may hold tuples)."""
-    return json.loads(json.dumps(value, default=str))

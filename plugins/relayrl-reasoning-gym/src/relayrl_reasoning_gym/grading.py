@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from relayrl.core.errors import RelayrlError
 from relayrl.rollout.batch_grading import BatchedSandboxGrader
 
-__all__ = ["ScoreResult", "ScorerGrader", "scorer_source"]
+__all__ = ["HASH_SEED", "ScoreResult", "ScorerGrader", "generate_entries", "scorer_source"]
 
 
 class ScoreResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -32,10 +36,27 @@ class ScoreResult(msgspec.Struct, frozen=True, kw_only=True):
     """``scorer-escape``, ``scorer-timeout`` or ``scorer-report-forged`` when the scoring child misbehaved."""
 
 
+HASH_SEED = {"PYTHONHASHSEED": "0"}
+"""Every process that makes or regenerates entries hashes strings alike (see the scorer's docstring)."""
+
+
 @functools.cache
 def scorer_source() -> str:
-    """The scorer's text, run as ``python -I -c SOURCE`` in the sandbox."""
+    """The scorer's text, run as ``python -s -c SOURCE`` (``-s``: no user site; not ``-I``, which
+    would ignore ``PYTHONHASHSEED``; the sandbox's environment is clean anyway)."""
     return (Path(__file__).parent / "scorer.py").read_text()
+
+
+def generate_entries(source: dict[str, Any]) -> list[dict[str, Any]]:
+    """The entries of ``source`` (question, answer, category, difficulty), made by the scorer's
+    ``generate`` mode in a process of the host's interpreter with the fixed hash seed."""
+    result = subprocess.run([sys.executable, "-s", "-c", scorer_source(), "generate"], input=json.dumps(source),
+                            capture_output=True, text=True, env={**os.environ, **HASH_SEED}, timeout=3600)
+    if result.returncode != 0:
+        lines = result.stderr.strip().splitlines()
+        raise RelayrlError(f"reasoning-gym: making the tasks of {source['name']} failed: "
+                           f"{lines[-1] if lines else f'exit {result.returncode}'}")
+    return list(json.loads(result.stdout))
 
 
 class ScorerGrader(BatchedSandboxGrader):
@@ -65,7 +86,8 @@ class ScorerGrader(BatchedSandboxGrader):
         # Every answer may take its timeout, plus the import and the regeneration of entries.
         timeout = 120.0 + self.answer_timeout_s * len(items)
         with self.backend().create() as sandbox:
-            result = sandbox.exec([self.python(), "-I", "-c", scorer_source()], stdin=json.dumps(job), timeout=timeout)
+            result = sandbox.exec([self.python(), "-s", "-c", scorer_source()], stdin=json.dumps(job), timeout=timeout,
+                                  env=HASH_SEED)
         self.sandbox_calls += 1
         self.graded_answers += len(items)
         if not result.ok:

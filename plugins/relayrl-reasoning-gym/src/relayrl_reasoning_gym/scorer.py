@@ -1,12 +1,20 @@
 """The scorer that runs inside the grading sandbox (stdlib and reasoning_gym only; never imported on the host).
 
-Run as ``python -I -c SOURCE`` with a job on stdin::
+Run as ``python -s -c SOURCE`` with ``PYTHONHASHSEED=0`` and a job on stdin::
 
     {"format": "tag", "tag": "answer", "timeout_s": 5.0,
      "items": [{"source": {"name": "chain_sum", "config": {...}, "size": 10000, "seed": 0}, "index": 17,
                 "text": "<the model's final message>"}, ...]}
 
 and prints one result per item, as JSON: ``[{"reward": 1.0, "answered": true, "flag": ""}, ...]``.
+``python -s -c SOURCE generate`` instead prints the entries of the source on stdin: how the host
+makes its tasks, in a process of its own with the same hash seed.
+
+**Why a fixed hash seed.** Some datasets build their entries from sets of strings (word_ladder,
+isomorphic_strings, knight_swap, ransom_note, polynomial_multiplication in 0.1.25), whose order
+follows Python's per-process string hashing: the same seed gave other entries in another process.
+Every process that makes or regenerates entries runs with ``PYTHONHASHSEED=0``, so the host's tasks,
+a later ``relayrl eval``'s and the scorer's are the same entries.
 
 **What is trusted.** The dataset entry an answer is scored against is *regenerated here* from its
 source (dataset name, config, size, seed) and index, never taken from the host's message, and the
@@ -91,8 +99,13 @@ def _dataset(source, cache):
     return cache[key]
 
 
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+
 def _audit(event, args):
-    if event == "open" and len(args) > 1 and isinstance(args[1], str) and any(mode in args[1] for mode in "wax+"):
+    if event == "open" and (
+            (len(args) > 1 and isinstance(args[1], str) and any(mode in args[1] for mode in "wax+"))
+            or (len(args) > 2 and isinstance(args[2], int) and args[2] & _WRITE_FLAGS)):  # open() and os.open()
         os._exit(87)
     if event == "object.__getattr__" and len(args) > 1 and args[1] in RESTRICTED_ATTRIBUTES:
         os._exit(87)
@@ -155,9 +168,35 @@ def _score(dataset, entry, answer, timeout_s):
     return (min(1.0, max(0.0, reward)) if math.isfinite(reward) else 0.0), ""
 
 
+def generate():
+    """Entries of one source (``{"name", "config", "size", "seed"[, "datasets"]}`` on stdin) as JSON."""
+    source = json.load(sys.stdin)
+    verdict = os.fdopen(os.dup(1), "w")
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # what datasets print while building is not the output
+    dataset = _dataset(source, {})
+    entries = []
+    for index in range(source["size"]):
+        entry = dataset[index]
+        metadata = entry.get("metadata") or {}
+        entries.append({"question": entry["question"],
+                        "answer": None if entry.get("answer") is None else str(entry["answer"]),
+                        "category": str(metadata.get("source_dataset", source["name"])),
+                        "difficulty": json.loads(json.dumps(metadata.get("difficulty", {}), default=str))})
+    verdict.write(json.dumps(entries))
+    verdict.flush()
+
+
 def main():
+    if sys.argv[1:] == ["generate"]:
+        generate()
+        return
     job = json.load(sys.stdin)
-    sys.stdin = None  # nothing else to read: a child must not read the job (other answers' sources)
+    # What datasets print while they are built or score (some do) must not reach the verdict: the
+    # results go to a private copy of stdout, and fd 1 points at /dev/null for everything else.
+    verdict = os.fdopen(os.dup(1), "w")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    sys.stdout = os.fdopen(os.dup(devnull), "w")
     cache, results = {}, []
     for item in job["items"]:
         dataset = _dataset(item["source"], cache)
@@ -168,8 +207,8 @@ def main():
             continue
         reward, flag = _score(dataset, entry, answer, float(job["timeout_s"]))
         results.append({"reward": reward, "answered": True, "flag": flag})
-    sys.stdout.write(json.dumps(results))
-    sys.stdout.flush()
+    verdict.write(json.dumps(results))
+    verdict.flush()
 
 
 if __name__ == "__main__":
