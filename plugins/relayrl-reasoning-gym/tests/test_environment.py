@@ -268,6 +268,19 @@ def test_a_python_that_lacks_reasoning_gym_is_refused_in_one_line(tmp_path) -> N
     assert "\n" not in str(caught.value)
 
 
+def test_the_example_config_validates(tmp_path) -> None:
+    from pathlib import Path
+
+    from relayrl.core.config import load_config
+    from relayrl.rollout.testing.models import save_tiny_model
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "reasoning.toml"
+    config = load_config(example, overrides=[f"model.path='{save_tiny_model(tmp_path / 'model')}'"])
+    assert config.rollout.environment == NAME and config.trainer.steps > 0
+    options = config.rollout.environment_options
+    assert options["answer_format"] == "last-number" and "{question}" in options["prompt"]
+
+
 def test_defaults_decode() -> None:
     assert ReasoningGymConfig(dataset="gcd").held_out_seed() == 1_000_000_007
 
