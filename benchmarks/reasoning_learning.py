@@ -7,7 +7,8 @@ weights with ``relayrl eval`` on the environment's held-out tasks (default all 2
 each, eval seed 0). The base model is evaluated once, the same way (same tasks, same per-sample
 seeds): before and after differ only in the weights, so the change is paired task by task.
 
-Per evaluation it records pass@1 (reward 1: the dataset's ``score_answer`` gave full marks), the
+Per evaluation it records pass@1 (reward 1: the dataset's ``score_answer`` gave full marks), the share
+of replies that hold the right answer anywhere (the arithmetic, whatever the form), the
 mean reward (with reasoning-gym's partial credit), the share of **well-formed** replies (the example's
 answer format finds an answer in the reply: for ``last-number``, the reply holds a number) and the
 **accuracy among well-formed replies** (passed over well-formed): whether RL taught the answer format
@@ -65,15 +66,26 @@ def evaluate(model: str, out: Path, *, tasks: int, cwd: Path, extra: list[str]) 
     return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines() if line.strip()]
 
 
-def describe(samples: list[dict[str, Any]]) -> dict[str, float]:
-    """pass@1, mean reward, the share of well-formed replies and the accuracy among them."""
-    from relayrl_reasoning_gym.scorer import extract_answer
+def held_out_answers() -> dict[str, str]:
+    """Task id -> reference answer of the example's held-out tasks."""
+    from relayrl_reasoning_gym.environment import ReasoningGymConfig, ReasoningGymEnvironment
+
+    with open(EXAMPLE, "rb") as handle:
+        options = tomllib.load(handle)["rollout"]["environment_options"]
+    return {task.task_id: str(task.answer) for task in ReasoningGymEnvironment(ReasoningGymConfig(**options)).eval_tasks()}
+
+
+def describe(samples: list[dict[str, Any]], answers: dict[str, str]) -> dict[str, float]:
+    """pass@1, mean reward, the share of well-formed replies and the accuracy among them, and the share
+    of replies that hold the right answer anywhere (the arithmetic, whatever the form)."""
+    from relayrl_reasoning_gym.scorer import LAST_NUMBER, extract_answer
 
     form = answer_format()
     well_formed = [sample for sample in samples if extract_answer(sample["final_text"], form) is not None]
     passed = sum(sample["passed"] for sample in samples)
+    holds = sum(answers.get(sample["task_id"]) in LAST_NUMBER.findall(sample["final_text"]) for sample in samples)
     return {"pass@1": passed / len(samples), "reward": statistics.fmean(sample["reward"] for sample in samples),
-            "well_formed": len(well_formed) / len(samples),
+            "holds_answer": holds / len(samples), "well_formed": len(well_formed) / len(samples),
             "accuracy_well_formed": (sum(sample["passed"] for sample in well_formed) / len(well_formed)
                                      if well_formed else math.nan),
             "tokens": statistics.fmean(sample["generated_tokens"] for sample in samples), "samples": len(samples)}
@@ -120,16 +132,17 @@ def markdown(base: dict[str, Any] | None, runs: list[dict[str, Any]], tasks: int
              f"(answer format `{answer_format()}`), "
              f"{tasks} held-out tasks x 1 sample, a budget of {budget_min:g} minutes per run:", ""]
     lines += ["| policy | steps | run wall clock | pass@1 | change (± s.e.) | mean reward | well-formed | "
-              "accuracy among well-formed | tokens |", "|---|---|---|---|---|---|---|---|---|"]
+              "accuracy among well-formed | holds the answer | tokens |", "|---|---|---|---|---|---|---|---|---|---|"]
     if base is not None:
         stats = base["stats"]
         lines.append(f"| base model | 0 | | {pct(stats['pass@1'])} | | {pct(stats['reward'])} | {pct(stats['well_formed'])} | "
-                     f"{pct(stats['accuracy_well_formed'])} | {stats['tokens']:.1f} |")
+                     f"{pct(stats['accuracy_well_formed'])} | {pct(stats.get('holds_answer'))} | {stats['tokens']:.1f} |")
     for run in runs:
         stats = run["stats"]
         lines.append(f"| seed {run['seed']} | {run['steps']} | {run['wall_s'] / 60:.1f} min | {pct(stats['pass@1'])} | "
                      f"{run['change']:+.3f} ± {run['change_se']:.3f} | {pct(stats['reward'])} | "
-                     f"{pct(stats['well_formed'])} | {pct(stats['accuracy_well_formed'])} | {stats['tokens']:.1f} |")
+                     f"{pct(stats['well_formed'])} | {pct(stats['accuracy_well_formed'])} | "
+                     f"{pct(stats.get('holds_answer'))} | {stats['tokens']:.1f} |")
     if len(runs) >= 2:
         changes = [run["change"] for run in runs]
         lines += ["", f"Over {len(runs)} seeds the held-out pass@1 changed by {statistics.fmean(changes):+.3f} "
@@ -193,11 +206,21 @@ def main(argv: list[str] | None = None) -> int:
         if not args.tabulate and not (model / "config.json").exists():
             relayrl("model", "import-gguf", str(model), cwd=folder)
         model_set = ["--set", f'model.path="{model}"']
+        answers = held_out_answers()
+        # The statistics again from the evaluations' records where the work directory still holds them
+        # (a --tabulate after this script's analysis changed).
+        if base is not None:
+            base["stats"] = describe(base["samples"], answers)
+        for run in runs:
+            records = folder / f"eval-{run['seed']}" / "samples.jsonl"
+            if records.exists():
+                run["stats"] = describe([json.loads(line) for line in records.read_text().splitlines() if line.strip()],
+                                        answers)
         if base is None and not args.tabulate:
             shutil.rmtree(folder / "base", ignore_errors=True)
             samples = evaluate(str(model), folder / "base", tasks=args.eval_tasks, cwd=folder,
                                extra=["--config", str(EXAMPLE), *model_set, *extra])
-            base = {"stats": describe(samples), "samples": samples}
+            base = {"stats": describe(samples, answers), "samples": samples}
         done = {run["seed"] for run in runs}
         for seed in range(args.seeds):
             if seed in done or args.tabulate:
@@ -209,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
             trained = train(run_dir, seed, args.budget_min * 60, cwd=folder, extra=[*model_set, *extra])
             samples = evaluate(str(run_dir), folder / f"eval-{seed}", tasks=args.eval_tasks, cwd=folder, extra=extra)
             change, error = paired_change(base["samples"], samples)
-            runs.append({"seed": seed, **trained, "stats": describe(samples), "change": change, "change_se": error,
+            runs.append({"seed": seed, **trained, "stats": describe(samples, answers), "change": change, "change_se": error,
                          "commit": revision})
             report()
         if not runs or args.tabulate:
