@@ -159,7 +159,8 @@ def headline(base: dict[str, Any], runs: list[dict[str, Any]], args: argparse.Na
     return (f"SmolLM2-135M-Instruct, a pretrained model with its own tokenizer and chat template, on reasoning-gym's "
             f"`chain_sum`: held-out pass@1 ({args.eval_tasks} tasks) went from {base['stats']['pass@1']:.3f} to "
             f"{', '.join(f'{value:.3f}' for value in after)} on {len(runs)} seed(s) of `examples/reasoning.toml`, "
-            f"{max(run['wall_s'] for run in runs) / 60:.0f} minutes or less each from the command on 2 CPU cores "
+            f"runs of {min(run['wall_s'] for run in runs) / 60:.1f}-{max(run['wall_s'] for run in runs) / 60:.1f} "
+            f"minutes from the command to the end of training on 2 CPU cores "
             f"(mean change {statistics.fmean(changes):+.3f}{spread}).")
 
 
