@@ -433,9 +433,8 @@ def test_every_example_config_validates(example, tmp_path):
     import tomllib
 
     from relayrl.core.config import ConfigError, load_config
-    from relayrl.rollout.testing.models import save_tiny_model
-
     from relayrl.core.plugins import registrations
+    from relayrl.rollout.testing.models import save_tiny_model
 
     raw = tomllib.loads((ROOT / "examples" / example).read_text())
     environment = raw.get("rollout", {}).get("environment", "countdown")
