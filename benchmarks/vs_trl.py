@@ -93,6 +93,8 @@ def trl_worker(args: argparse.Namespace) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    from relayrl_reasoning_gym.scorer import extract_answer
+
     torch.set_num_threads(args.threads)
     config = example()
     rollout, algo = config["rollout"], config["algo"]
@@ -102,6 +104,8 @@ def trl_worker(args: argparse.Namespace) -> int:
                        + [{"role": "user", "content": task["prompt"]}],
              "source": json.dumps(task["source"]), "index": task["index"]} for task in tasks]
     datasets: dict[str, Any] = {}
+    options = rollout["environment_options"]
+    answer_format, answer_tag = options.get("answer_format", "tag"), options.get("answer_tag", "answer")
 
     def score(completions: list[Any], source: list[str], index: list[int], **_: Any) -> list[float]:
         rewards = []
@@ -112,8 +116,10 @@ def trl_worker(args: argparse.Namespace) -> int:
                                                               **item["config"])
             dataset = datasets[spec]
             text = completion[0]["content"] if isinstance(completion, list) else str(completion)
-            reply = text.strip()
-            rewards.append(float(dataset.score_answer(reply, dataset[position])) if reply else 0.0)
+            # The example's answer format, as relayrl's environment extracts it (the same function).
+            answer = extract_answer(text, answer_format, answer_tag)
+            score = float(dataset.score_answer(answer, dataset[position])) if answer is not None else 0.0
+            rewards.append(min(1.0, max(0.0, score)) if math.isfinite(score) else 0.0)
         return rewards
 
     out = Path(args.out)
@@ -123,20 +129,21 @@ def trl_worker(args: argparse.Namespace) -> int:
 
     class Timeline(TrainerCallback):
         step_started = time.monotonic()
-        completion_tokens = 0.0
 
         def on_step_begin(self, train_args: Any, state: Any, control: Any, **_: Any) -> None:
             self.step_started = time.monotonic()
 
         def on_log(self, train_args: Any, state: Any, control: Any, logs: dict[str, float] | None = None,
                    **_: Any) -> None:
-            if logs and "completions/mean_length" in logs:  # per generated sample, this step's batch
-                self.completion_tokens = logs["completions/mean_length"] * group_size * groups_per_step
+            if logs and "completions/mean_length" in logs:  # this step's batch, logged after on_step_end
+                tokens = float(logs["completions/mean_length"]) * group_size * groups_per_step
+                timeline.write(json.dumps({"log_step": state.global_step, "generated_tokens": tokens}) + "\n")
+                timeline.flush()
 
         def on_step_end(self, train_args: Any, state: Any, control: Any, **_: Any) -> None:
             now = time.monotonic()
             record = {"step": state.global_step, "wall_s": round(now - started, 2),
-                      "step_s": round(now - self.step_started, 3), "generated_tokens": self.completion_tokens}
+                      "step_s": round(now - self.step_started, 3)}
             if (state.global_step + 1) % args.save_every == 0 or state.global_step == args.steps:  # as relayrl's
                 target = out / f"step-{state.global_step}"
                 trainer.model.save_pretrained(target)
@@ -172,14 +179,18 @@ def train_trl(folder: Path, model: Path, seed: int, args: argparse.Namespace) ->
     count = args.steps * example()["buffer"]["batch_groups"]
     (out / "prompts.jsonl").write_text("".join(json.dumps(task) + "\n" for task in prompt_order(seed, count)))
     with open(out / "worker.log", "w") as log:
+        # PYTHONHASHSEED=0: the worker regenerates entries in-process, as relayrl's scorer does (same hash seed).
         result = subprocess.run([sys.executable, __file__, "trl-worker", "--model", str(model), "--seed", str(seed),
                                  "--steps", str(args.steps), "--save-every", str(args.save_every), "--out", str(out),
                                  "--prompts", str(out / "prompts.jsonl"), "--threads", str(os.cpu_count() or 1),
                                  "--started-ago", str(time.monotonic() - started)],
-                                stdout=log, stderr=subprocess.STDOUT, timeout=6 * 3600)
+                                stdout=log, stderr=subprocess.STDOUT, timeout=6 * 3600,
+                                env={**os.environ, "PYTHONHASHSEED": "0"})
     if result.returncode != 0:
         raise SystemExit(f"the TRL side failed ({result.returncode}); see {out / 'worker.log'}")
-    return [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (out / "timeline.jsonl").read_text().splitlines() if line.strip()]
+    tokens = {line["log_step"]: line["generated_tokens"] for line in lines if "log_step" in line}
+    return [{**line, "generated_tokens": tokens.get(line["step"], 0.0)} for line in lines if "step" in line]
 
 
 # -------------------------------------------------------------------------------------- relayrl side
