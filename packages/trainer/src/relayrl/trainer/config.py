@@ -64,8 +64,8 @@ class TrainerSection(Section, kw_only=True):
     """Mixed precision (``torch`` backend): ``"bfloat16"`` runs the forward and backward matmuls in
     bfloat16 (``torch.autocast``) while weights, gradients and optimiser state stay in ``model.dtype``
     (float32 master weights: an update far below a bfloat16 ulp is not lost). The loss's softmaxes stay
-    in float32. On a CPU with AVX512-BF16 or AMX a step of a 135M model takes about 0.6x the time
-    (benchmarks/trainer_precision.py); ``""``: compute in ``model.dtype``. DeepSpeed has its own ``bf16``."""
+    in float32. On a CPU with AVX512-BF16 or AMX a step of a 135M model takes about half the time
+    (benchmarks/trainer_precision.py, docs/reasoning.md); ``""``: compute in ``model.dtype``. DeepSpeed has its own ``bf16``."""
     steps: int = 0
     """RL optimiser steps of a ``relayrl run``; 0 runs until stopped."""
     checkpoint_keep: int = 3
