@@ -46,6 +46,7 @@ from typing import Any
 import tomllib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reasoning_learning import relayrl
 from results import RESULTS, command_line, commit, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,13 +58,6 @@ PLOT = ROOT / "docs" / "images" / "vs_trl.png"
 def example() -> dict[str, Any]:
     with open(EXAMPLE, "rb") as handle:
         return tomllib.load(handle)
-
-
-def relayrl(*args: str, cwd: Path, timeout: float = 7200) -> None:
-    result = subprocess.run([sys.executable, "-m", "relayrl.cli", *args], cwd=cwd, capture_output=True, text=True,
-                            timeout=timeout)
-    if result.returncode != 0:
-        raise SystemExit(f"relayrl {args[0]} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
 
 
 # ------------------------------------------------------------------------------------------- prompts
