@@ -212,8 +212,10 @@ def train_relayrl(folder: Path, model: Path, seed: int, args: argparse.Namespace
 # ------------------------------------------------------------------------------------------ analysis
 def pass_at_1(model: str, out: Path, args: argparse.Namespace, *, cwd: Path, config: list[str]) -> float:
     if not (out / "summary.json").exists():
+        # Alone on the machine (not timed): both cores and every task in flight at once.
         relayrl("eval", model, "--tasks", "reasoning-gym", "--split", "eval", "--limit", str(args.eval_tasks),
-                "--samples", "1", "--seed", "0", "--out", str(out), *config, cwd=cwd)
+                "--samples", "1", "--seed", "0", "--concurrency", "64", "--out", str(out), *config,
+                "--set", "rollout.engine_threads=2", cwd=cwd)
     return float(json.loads((out / "summary.json").read_text())["overall"]["pass@1"])
 
 

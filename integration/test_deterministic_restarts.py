@@ -11,7 +11,8 @@ each time, as the launcher would. Then every step's checkpoint (model, optimiser
 cursor, monitors) and every published weight version must be bitwise equal, no version may have been
 renumbered, and ``verify_run`` must find every group trained exactly once.
 
-Backends: torch (Muon + AdamW, float32), and DeepSpeed ZeRO-1 and ZeRO-2 with DeepSpeed's Muon and bf16;
+Backends: torch (Muon + AdamW, float32; also with a checkpoint every 3 steps, whose kills cost redone
+steps), and DeepSpeed ZeRO-1 and ZeRO-2 with DeepSpeed's Muon and bf16;
 and the mixture-of-experts quickstart (examples/moe.toml: bfloat16 engine, routing replay) on torch.
 """
 
@@ -26,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,8 @@ ZIP = b"PK\x03\x04"
 BACKENDS = {
     "torch": {},
     "torch-moe-routing-replay": {},  # over the MoE run's rollouts (FROZEN_EXAMPLE)
+    # A checkpoint every 3 steps: a kill loses up to 2 steps, which the resumed trainer redoes.
+    "torch-checkpoint-every-3": {"trainer": {"checkpoint_every": 3}},
     "deepspeed-zero1-muon-bf16": {"trainer": {"backend": "deepspeed"}, "model": {"dtype": "bfloat16"},
                                   "deepspeed": {"zero_stage": 1, "bf16": True, "muon": True}},
     "deepspeed-zero2-muon-bf16": {"trainer": {"backend": "deepspeed"}, "model": {"dtype": "bfloat16"},
@@ -131,14 +135,19 @@ def kill_when(process: subprocess.Popen, ready, delay_s: float, what: str, log: 
     log.append(f"{what} + {delay_s:.2f} s")
 
 
-def run_with_kills(run_dir: Path, rng: random.Random) -> list[str]:
+def checkpointed_steps(every: int) -> list[int]:
+    """The steps a run of STEPS steps checkpoints with ``trainer.checkpoint_every = every``."""
+    return [step for step in range(1, STEPS + 1) if step % every == 0 or step == STEPS]
+
+
+def run_with_kills(run_dir: Path, rng: random.Random, every: int = 1) -> list[str]:
     """Train ``run_dir`` to the end through SIGKILLs at chosen moments; returns the kill log."""
     log: list[str] = []
     # During the supervised warm-up (nothing checkpointed yet: it starts again).
     since = time.time()
     kill_when(trainer(run_dir), lambda: phase(run_dir, since) == "warmup", rng.uniform(0.0, 0.5), "warm-up", log)
     # Between a checkpoint's shard and its commit record (the torn checkpoint is never loaded).
-    torn = rng.randint(2, 4)
+    torn = rng.choice([step for step in checkpointed_steps(every) if 2 <= step <= 4])
     process = trainer(run_dir, **{FAULT_KILL: f"mid-write:{torn}"})
     process.communicate(timeout=600)
     assert process.returncode == -signal.SIGKILL, f"the mid-write kill at step {torn} did not happen"
@@ -208,10 +217,11 @@ def test_a_sigkilled_deterministic_trainer_ends_bitwise_equal_to_an_uninterrupte
     killed = replay_dir(frozen_rollouts, tmp_path / "killed", BACKENDS[backend])
     finish(trainer(clean))
     rng = random.Random(f"{SEED}-{backend}")
-    log = run_with_kills(killed, rng)
+    every = BACKENDS[backend].get("trainer", {}).get("checkpoint_every", 1)
+    log = run_with_kills(killed, rng, every)
     replay = f"kills ({backend}, RELAYRL_RESTART_SEED={SEED}): {log}"
 
-    for step in range(1, STEPS + 1):
+    for step in checkpointed_steps(every):
         found = differences(load_checkpoint(clean, step), load_checkpoint(killed, step))
         assert not found, f"step {step}'s checkpoint differs after {replay}:\n" + "\n".join(found[:20])
     versions = published(clean)
@@ -219,7 +229,12 @@ def test_a_sigkilled_deterministic_trainer_ends_bitwise_equal_to_an_uninterrupte
     assert published(killed) == versions, replay
     events = load_events(killed)
     assert not [event.message for event in events if event.kind == "weights-renumbered"], replay
-    assert sum(event.kind == "resumed" for event in events) >= 3, replay  # the kills after a checkpoint resumed
+    # The kills after a checkpoint resumed (with a checkpoint every 3 steps, the torn one at step 3 and a
+    # kill before step 6's leave nothing to resume from: those runs start again).
+    assert sum(event.kind == "resumed" for event in events) >= (3 if every == 1 else 1), replay
+    if every > 1:  # steps after a checkpoint were trained, lost to a kill and redone
+        lines = Counter(json.loads(line)["step"] for line in (killed / "ledger.jsonl").read_text().splitlines())
+        assert any(count > 1 and step % every for step, count in lines.items()), (lines, replay)
     # Redone steps wrote their ledger lines again; the last line per step is what counts, and each group
     # on the bus was trained once or dropped once with a reason.
     audit = verify_run(killed)

@@ -121,6 +121,42 @@ def test_weights_are_published_every_k_steps(tmp_path, every):
     assert WeightBus(bus).committed_versions() == ([1, 2, 3] if every == 1 else [1, 3])
 
 
+def test_checkpoint_every_k_steps_saves_the_due_steps_and_a_stopped_loops_last_one(tmp_path):
+    model = tiny_llama(seed=2)
+    loop, bus = make_loop(tmp_path, copy.deepcopy(model), steps=5, hooks=None)
+    loop.checkpoint_every = 2
+    commit(bus, model, 10)
+    assert loop.run() == 5
+    close(loop)
+    store = AsyncCheckpointer(open_store(str(tmp_path / "checkpoints")), keep=10).local
+    # Steps 2 and 4 (due), 5 (the last); every record of a step that was not checkpointed says so.
+    assert sorted(store.committed_steps()) == [2, 4, 5]
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert ["checkpoint/blocking_s" in record["metrics"] for record in records] == [False, True, False, True, True]
+    recovered = recover(store)
+    assert recovered.step == 5 and recovered.state["step"] == 5
+
+    # Stopped after step 3 (not due): the loop checkpoints it before it ends, so the stop loses nothing.
+    stopped_root = tmp_path / "stopped"
+    stopped_root.mkdir()
+    stop = threading.Event()
+
+    class StopAfterThree(LoopHooks):
+        def on_step(self, step, version, metrics, alarms):
+            if step == 3:
+                stop.set()
+
+    loop, bus = make_loop(stopped_root, copy.deepcopy(model), steps=0, hooks=StopAfterThree())
+    loop.checkpoint_every = 2
+    commit(bus, model, 10)
+    assert loop.run(stop) == 3
+    close(loop)
+    recovered = recover(AsyncCheckpointer(open_store(str(stopped_root / "checkpoints"))).local)
+    assert recovered.step == 3
+    for name, value in loop.backend.model.state_dict().items():  # the weights after step 3
+        assert torch.equal(recovered.state["trainer"]["model"][name], value), name
+
+
 class Renumbering(Recording):
     def __init__(self):
         super().__init__()

@@ -150,10 +150,11 @@ class DeepSpeedTrainer:
             micro_sums = sums if real else Counter()
             # Routing replay (mixture of experts) hooks the routers of the module DeepSpeed wraps.
             with self.objective.routing(self.engine.module, micro, micro_sums):
-                logits = self.engine(input_ids=micro.input_ids.to(self.engine.device),
-                                     attention_mask=micro.attention_mask.to(self.engine.device)).logits
+                logits, offset = self.objective.forward(self.engine.module, micro, call=self.engine,
+                                                        device=self.engine.device)
                 loss = self.objective.micro_loss(logits.float(), micro, prepared.sequence_advantages[rows],
-                                                 prepared.staleness[rows], prepared.denominator, micro_sums)
+                                                 prepared.staleness[rows], prepared.denominator, micro_sums,
+                                                 logits_offset=offset)
                 self.engine.backward(loss * (self.world if real else 0.0), scale_wrt_gas=False)
         return self.objective.metrics(prepared.batch, prepared.advantage_metrics, prepared.staleness,
                                       all_reduce_metric_sums(sums))

@@ -329,7 +329,10 @@ def full_entropy(logits: torch.Tensor, *, temperature: float = 1.0, chunk_rows: 
     """Entropy of ``softmax(logits / temperature)`` per row, computed ``chunk_rows`` rows at a time."""
     parts = []
     for chunk in logits.split(chunk_rows):
-        scaled = chunk.float() / temperature
-        log_probs = torch.log_softmax(scaled, dim=-1)
-        parts.append(-(log_probs.exp() * log_probs).sum(dim=-1))
+        scaled = chunk.float() if temperature == 1.0 else chunk.float() / temperature
+        # H = logsumexp(z) - sum(softmax(z) * z): two passes over the row and one temporary, where
+        # log_softmax, exp and a product would make three.
+        normaliser = torch.logsumexp(scaled, dim=-1)
+        probs = (scaled - normaliser.unsqueeze(-1)).exp_()
+        parts.append(normaliser - torch.linalg.vecdot(probs, scaled))
     return torch.cat(parts) if parts else logits.new_zeros(0, dtype=torch.float32)

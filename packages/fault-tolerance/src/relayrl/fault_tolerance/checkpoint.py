@@ -202,6 +202,9 @@ class AsyncCheckpointer:
         self._pending: list[Future[None]] = []
         self._lock = threading.Lock()
         self.last_write_s = 0.0
+        """Seconds the newest finished write took on the background thread (serialise, write, prune)."""
+        self.last_write_bytes = 0
+        """Bytes of the newest finished write's payload (one replica)."""
 
     def save(self, step: int, state: dict[str, Any]) -> SaveResult:
         """Copy ``state`` to CPU (blocking), then serialise and write it in the background.
@@ -229,6 +232,7 @@ class AsyncCheckpointer:
         for target in [self.local, *self.peers]:
             target.prune(self.keep, protect=(step,))
         self.last_write_s = time.perf_counter() - started
+        self.last_write_bytes = len(payload)
 
     def discard_after(self, step: int) -> list[int]:
         """Before resuming from ``step``: delete this rank's files of later steps, locally and on every

@@ -68,8 +68,15 @@ class TrainerSection(Section, kw_only=True):
     (benchmarks/trainer_precision.py, docs/reasoning.md); ``""``: compute in ``model.dtype``. DeepSpeed has its own ``bf16``."""
     steps: int = 0
     """RL optimiser steps of a ``relayrl run``; 0 runs until stopped."""
+    checkpoint_every: int = 1
+    """Checkpoint after every this many steps (and after the last step, and when the run is stopped).
+    A trainer killed between checkpoints resumes from the last one and redoes the steps since on the
+    buffer's record of them: the exactly-once ledger keeps the redone step's line (the last line of a
+    step wins), and with ``run.deterministic`` the redone steps reproduce the lost ones bit for bit. A
+    checkpoint holds the model and its optimiser state: for a 135M model under AdamW, 1.6 GB written
+    every step, which above a few million parameters costs more than it protects (docs/reasoning.md)."""
     checkpoint_keep: int = 3
-    """Per-step checkpoints kept in ``<run_dir>/checkpoints`` (relayrl-fault-tolerance)."""
+    """Checkpoints kept in ``<run_dir>/checkpoints`` (relayrl-fault-tolerance)."""
     checkpoint_peers: tuple[str, ...] = ()
     """Stores that receive a replica of every checkpoint (``relayrl-peer://host:port/prefix``, ``s3://...``)."""
     ranks: int = 1
@@ -92,6 +99,8 @@ class TrainerSection(Section, kw_only=True):
         if self.steps < 0 or self.warmup.steps < 0:
             raise ConfigError(f"{path}.steps: must be >= 0")
         self.warmup.check(pm, f"{path}.warmup")
+        if self.checkpoint_every < 1:
+            raise ConfigError(f"{path}.checkpoint_every: must be at least 1 (a checkpoint after every N steps)")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"{path}.checkpoint_keep: must be at least 1")
         if self.ranks < 1:

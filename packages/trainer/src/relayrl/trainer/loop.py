@@ -20,8 +20,9 @@ Each step:
 4. health monitors over the step's metrics and texts (alarms reach ``hooks.on_alarm``);
 5. ``hooks.on_resolved`` learns which groups the step trained and dropped (``relayrl run`` writes its
    exactly-once ledger there) *before* the checkpoint that records the buffer cursor past them;
-   checkpoint (backend, buffer cursor, monitors, RNG, groups consumed) in the background; metrics;
-   progress (the fleet's back-pressure signal).
+   checkpoint (backend, buffer cursor, monitors, RNG, groups consumed) in the background, every
+   ``checkpoint_every`` steps and after the last one (:meth:`TrainingLoop.checkpoint_pending`: a
+   stopped loop's last step); metrics; progress (the fleet's back-pressure signal).
 
 The loop is the leader's part of data-parallel training too: ``relayrl run``'s trainer process runs
 the collective step on every rank and hands the leader's result to :meth:`TrainingLoop.finish_step`.
@@ -122,7 +123,8 @@ class TrainingLoop:
     def __init__(self, backend: Any, *, buffer: BatchSource, publisher: WeightPublisher, checkpointer: Checkpointer,
                  monitors: Any, metrics: Any, progress: Callable[[int, int, dict[str, int]], None],
                  shapers: Sequence[Any] = (), publish_every_steps: int = 1, steps: int = 0,
-                 hooks: LoopHooks | None = None, wait_timeout_s: float = 0.5, reproducible: bool = False) -> None:
+                 hooks: LoopHooks | None = None, wait_timeout_s: float = 0.5, reproducible: bool = False,
+                 checkpoint_every: int = 1) -> None:
         self.backend = backend
         self.buffer = buffer
         self.publisher = publisher
@@ -140,6 +142,9 @@ class TrainingLoop:
         self.reproducible = reproducible
         """Deterministic training: a resumed loop redoes the crashed run's steps bit for bit, so it keeps
         its version numbers (the same bits under the same numbers; the buffer admits the same groups)."""
+        self.checkpoint_every = checkpoint_every
+        """Steps between checkpoints; a loop resumed from one redoes the steps since (see the module docstring)."""
+        self._unsaved: dict[str, Any] | None = None  # the last step's state while its checkpoint is not due
         self.step = 0
         self.consumed: Counter[str] = Counter()
         self._drained: Counter[str] = Counter()  # dropped while waiting for the next batch, by reason
@@ -195,6 +200,18 @@ class TrainingLoop:
         weights = [item.weight for item in batch.groups]  # < 1 for groups the buffer down-weighted (stale)
         return [item.group for item in batch.groups], None if all(weight == 1.0 for weight in weights) else weights
 
+    def checkpoint_due(self, step: int) -> bool:
+        """Whether ``step`` is checkpointed as soon as it is committed (every ``checkpoint_every``-th, the last)."""
+        return step % self.checkpoint_every == 0 or (bool(self.steps) and step >= self.steps)
+
+    def checkpoint_pending(self) -> float:
+        """Checkpoint the last committed step if it is not yet (a stopped loop calls this before it
+        ends, so a stop loses nothing); the seconds the save blocked (0.0 when there was nothing to save)."""
+        if self._unsaved is None:
+            return 0.0
+        state, self._unsaved = self._unsaved, None
+        return float(self.checkpointer.save(state["step"], {**state, "trainer": self.backend.state_dict()}).blocking_s)
+
     def publishes_after(self, step: int) -> bool:
         """Whether the weights are published after ``step``."""
         return step % self.publish_every_steps == 0
@@ -230,6 +247,7 @@ class TrainingLoop:
         if report is not None:
             metrics.update({"weight_sync/publish_s": report.copy_s + report.encode_s + report.upload_s + report.commit_s,
                             "weight_sync/copy_s": report.copy_s, "weight_sync/delta_ratio": report.ratio,
+                            "weight_sync/stored_bytes": float(report.stored_bytes),
                             "weight_sync/version": float(report.version)})
         metrics.update(self.hooks.extra_metrics())
         texts = [turn.text or "" for item in batch.groups for trajectory in item.group.trajectories
@@ -242,10 +260,17 @@ class TrainingLoop:
         self.hooks.on_resolved(self.step, [str(item.ref) for item in batch.groups],
                                self._drained_refs + [(str(item.ref), item.reason) for item in batch.dropped])
         self._drained_refs = []
-        saved = self.checkpointer.save(self.step, {
-            "step": self.step, "trainer": self.backend.state_dict(), "buffer": msgspec.to_builtins(batch.state),
-            "monitors": self.monitors.state(), "rng": rng_state(), "consumed": dict(self.consumed)})
-        metrics["checkpoint/blocking_s"] = saved.blocking_s
+        # The loop's part of the state as it is at this step's end; the backend's does not change until the
+        # next step, so a checkpoint that is not due yet is written from here when the loop stops.
+        self._unsaved = {"step": self.step, "buffer": msgspec.to_builtins(batch.state),
+                         "monitors": self.monitors.state(), "rng": rng_state(), "consumed": dict(self.consumed)}
+        if self.checkpoint_due(self.step):
+            metrics["checkpoint/blocking_s"] = self.checkpoint_pending()
+        # The newest finished background write (relayrl-fault-tolerance's checkpointer reports it): what a
+        # checkpoint costs beyond the blocking copy, in CPU and disk the next steps share with it.
+        if getattr(self.checkpointer, "last_write_bytes", 0):
+            metrics["checkpoint/write_s"] = float(self.checkpointer.last_write_s)
+            metrics["checkpoint/bytes"] = float(self.checkpointer.last_write_bytes)
         metrics["trainer/wall_step_s"] = time.monotonic() - started
         self.metrics.write(self.step, metrics)
         self.write_progress()
@@ -271,6 +296,7 @@ class TrainingLoop:
                 repair_checked = time.monotonic()
                 if self.publisher.repair_requested():
                     self.publish_current(renumber=True)
+        self.checkpoint_pending()
         return self.step
 
     def publish_current(self, *, renumber: bool = False) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import sys
 from collections import Counter
 from collections.abc import Sequence
@@ -61,6 +62,7 @@ class BatchObjective:
         self._warned_no_routing = False
         self.entropy_coef = entropy_coef
         self.entropy_metric_tokens = entropy_metric_tokens
+        self._keeps_logits: tuple[int, bool] | None = None
 
     def prepare(self, groups: Sequence[Group], version: int, *, weights: Sequence[float] | None = None) -> PreparedBatch:
         """Lay ``groups`` out and compute advantages, staleness and the global denominator.
@@ -106,16 +108,52 @@ class BatchObjective:
             return contextlib.nullcontext()
         return recorded_routing(routers, micro.routing, micro.routing_mask, force=self.routing_replay, stats=sums)
 
+    def forward(self, model: torch.nn.Module, micro: SequenceBatch, *, call: Any = None,
+                device: torch.device | None = None) -> tuple[torch.Tensor, int]:
+        """Run ``model`` (or ``call``, e.g. a DeepSpeed engine around it) on ``micro`` moved to ``device``
+        (default: the model's): ``(logits, offset)``.
+
+        The logits cover positions ``offset`` to the end. A model whose forward takes transformers'
+        ``logits_to_keep`` projects onto the vocabulary only from the first position that predicts a
+        target: prompts are most of a batch's positions, and the vocabulary projection of a small
+        model with a large vocabulary (and its backward) is a large share of its step (a quarter of
+        SmolLM2-135M's at 56-token prompts). The kept positions' logits are the same computation.
+        """
+        call = model if call is None else call
+        device = next(model.parameters()).device if device is None else device
+        inputs = {"input_ids": micro.input_ids.to(device), "attention_mask": micro.attention_mask.to(device)}
+        length = micro.input_ids.shape[1]
+        predicting = micro.target_mask[:, 1:].any(dim=0).nonzero()  # positions whose next token is a target
+        offset = int(predicting[0]) if predicting.numel() else 0
+        if offset > 0 and self._takes_logits_to_keep(model):
+            return call(**inputs, logits_to_keep=length - offset).logits, offset
+        return call(**inputs).logits, 0
+
+    def _takes_logits_to_keep(self, model: torch.nn.Module) -> bool:
+        if self._keeps_logits is None or self._keeps_logits[0] != id(model):
+            try:
+                takes = "logits_to_keep" in inspect.signature(model.forward).parameters
+            except (TypeError, ValueError):  # a forward without an inspectable signature
+                takes = False
+            self._keeps_logits = (id(model), takes)
+        return self._keeps_logits[1]
+
     def micro_loss(self, logits: torch.Tensor, micro: SequenceBatch, advantages: torch.Tensor,
-                   staleness: torch.Tensor, denominator: float, sums: Counter[str]) -> torch.Tensor:
-        """The scalar to differentiate for one micro-batch, given the model's logits ``[S, L, V]``."""
+                   staleness: torch.Tensor, denominator: float, sums: Counter[str], *,
+                   logits_offset: int = 0) -> torch.Tensor:
+        """The scalar to differentiate for one micro-batch, given the model's logits ``[S, L - logits_offset, V]``
+        (positions ``logits_offset`` to the end, as :meth:`forward` returns them)."""
         # Position l's logits predict token l + 1. The targets' rows are picked from the flattened logits
         # with one index_select: its backward writes a single [S * L, V] gradient (slicing off the last
         # position first, then masking, would materialise a second one: a fifth of a large-vocabulary step).
         sequences, length, vocab = logits.shape
         targets = micro.target_mask[:, 1:]
         where = targets.nonzero()  # row-major: the order of logits[:, :-1][targets]
-        target_logits = logits.reshape(sequences * length, vocab).index_select(0, where[:, 0] * length + where[:, 1])
+        if where.numel() and int(where[:, 1].min()) < logits_offset:
+            raise ValueError(f"a target is predicted at position {int(where[:, 1].min())}, before the logits' "
+                             f"first position {logits_offset}")
+        rows = where[:, 0] * length + (where[:, 1] - logits_offset)
+        target_logits = logits.reshape(sequences * length, vocab).index_select(0, rows)
         tokens = micro.input_ids[:, 1:][targets]
         logprobs_flat, kept_entropy = replay_logprobs(target_logits, tokens, micro.kept, temperature=self.temperature,
                                                       return_kept_entropy=True)

@@ -127,9 +127,9 @@ class TorchTrainer:
         rank, world = shard
         for rows, micro in split_by_token_budget(prepared.batch, self.config.micro_batch_tokens)[rank::world]:
             with self.objective.routing(self.model, micro, sums), self._compute_precision():
-                logits = self.model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+                logits, offset = self.objective.forward(self.model, micro)
                 self.objective.micro_loss(logits, micro, prepared.sequence_advantages[rows], prepared.staleness[rows],
-                                          prepared.denominator, sums).backward()
+                                          prepared.denominator, sums, logits_offset=offset).backward()
         if reduce_sums is not None:
             sums = reduce_sums(sums)
         return self.objective.metrics(prepared.batch, prepared.advantage_metrics, prepared.staleness, sums)

@@ -80,6 +80,7 @@ class TrainerProcess:
         self.bus = layout.bus(config)
         self.loop: TrainingLoop | None = None  # the leader's; other ranks only step and save their shard
         self._step = 0  # the step of a rank without the loop
+        self._rank_unsaved: dict[str, Any] | None = None  # its last step's state while the checkpoint is not due
         self._batch: Any = None  # the leader's batch behind the current "train" decision
         self._repair_checked = 0.0  # when the waiting leader last looked for weight repair requests
 
@@ -272,7 +273,8 @@ class TrainerProcess:
             progress=lambda step, version, consumed: write_progress(
                 self.bus, Progress(step=step, version=version, consumed=consumed)),
             publish_every_steps=self.config.weight_sync.publish_every_steps, steps=self.config.trainer.steps,
-            hooks=RunHooks(self), reproducible=self.config.run.deterministic)
+            hooks=RunHooks(self), reproducible=self.config.run.deterministic,
+            checkpoint_every=self.config.trainer.checkpoint_every)
 
     def _publish_current(self, *, renumber: bool = False) -> None:
         """Publish the weights as they are now (every rank calls it: gathering them is collective); the
@@ -312,6 +314,7 @@ class TrainerProcess:
                 else:
                     decision = self.ranks.broadcast_decision(self._decide(total) if leader else None)
                 if decision.kind == "stop":
+                    self._checkpoint_pending()  # every rank: the last step, when it fell between checkpoints
                     break
                 if decision.kind == "train":
                     self._train_on(decision)
@@ -357,13 +360,23 @@ class TrainerProcess:
             metrics = self.trainer.step(decision.groups, weights=decision.weights)
         publish = (self.step + 1) % self.config.weight_sync.publish_every_steps == 0
         weights = self._weights() if publish else None
-        if self.loop is None:
+        if self.loop is None:  # a rank other than the leader: its shard of the checkpoint, at the leader's cadence
             self.step += 1
-            self.checkpointer.save(self.step, {"step": self.step, "trainer": self.trainer.state_dict(),
-                                               "rng": rng_state()})
+            self._rank_unsaved = {"step": self.step, "rng": rng_state()}
+            total, every = self.config.trainer.steps, self.config.trainer.checkpoint_every
+            if self.step % every == 0 or (total and self.step >= total):
+                self._checkpoint_pending()
             return
         batch, self._batch = self._batch, None
         self.loop.finish_step(batch, metrics, weights=weights, started=started)
+
+    def _checkpoint_pending(self) -> None:
+        """Checkpoint the last step if its checkpoint was not due (``trainer.checkpoint_every``)."""
+        if self.loop is not None:
+            self.loop.checkpoint_pending()
+        elif self._rank_unsaved is not None:
+            state, self._rank_unsaved = self._rank_unsaved, None
+            self.checkpointer.save(state["step"], {**state, "trainer": self.trainer.state_dict()})
 
     # ------------------------------------------------------------------ elastic ranks (the leader)
     def _open_elastic_group(self) -> None:
