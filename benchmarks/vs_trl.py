@@ -7,8 +7,8 @@ permutation for the run seed; TRL reads them unshuffled), group size, sampling (
 learning rate (constant, AdamW), reward function (the same scorer: TRL calls it in-process, relayrl in
 its sandbox), KL setting (none), reply length and number of training samples (steps x groups x group
 size); each computes in bfloat16 with float32 master weights where it can (relayrl: the example's
-``trainer.compute_dtype`` and ``rollout.engine_dtype``; TRL: ``bf16=True``, which autocasts training,
-while its ``generate`` runs in float32). TRL generates with transformers (``use_vllm=False``: what a CPU
+``trainer.compute_dtype`` and ``rollout.engine_dtype``; TRL: ``bf16=True``: accelerate wraps the model's
+forward in bfloat16 autocast, and TRL's ``generate`` runs through that wrapper too). TRL generates with transformers (``use_vllm=False``: what a CPU
 user runs), relayrl with its torch engine. Each side runs alone on the machine, which side goes first
 alternating with the seed.
 
@@ -22,7 +22,7 @@ checkpoint times), generated tokens per second of the run and the median trainer
 to ``docs/images/vs_trl.png``.
 
 Usage: ``python benchmarks/vs_trl.py [--seeds N] [--steps N] [--save-every N] [--eval-tasks N]
-[--work-dir DIR] [--resume] [--quick]``. Needs ``trl`` (pip install trl) beside relayrl and the
+[--work-dir DIR] [--resume] [--tabulate] [--quick]``. Needs ``trl`` (pip install trl) beside relayrl and the
 ``relayrl-reasoning-gym`` plugin. Internally it runs itself as ``vs_trl.py trl-worker ...`` for the
 TRL side (a process of its own, like relayrl's).
 """
@@ -201,7 +201,9 @@ def train_relayrl(folder: Path, model: Path, seed: int, args: argparse.Namespace
         step = record["step"]
         entry = {"step": step, "wall_s": round(record["time"] - started_unix, 2),
                  "step_s": record["metrics"].get("trainer/step_s", math.nan),
-                 "generated_tokens": record["metrics"].get("buffer/generated_tokens", 0.0)}
+                 "generated_tokens": record["metrics"].get("buffer/generated_tokens", 0.0),
+                 # Every token the fleet generated, the groups it did not hand the trainer included.
+                 "fleet_tokens_per_s": record["metrics"].get("fleet/tokens_per_s", math.nan)}
         # Version v holds the weights after step v - 1; retention keeps every keep_every-th version and the newest.
         if (step + 1) % args.save_every == 0 or step == args.steps:
             entry["checkpoint"] = f"{run_dir}@{step + 1}"
@@ -241,6 +243,8 @@ def analyse(seed_runs: list[dict[str, Any]], target_fraction: float) -> dict[str
         checkpoints = sorted({when for when, _ in relay[1:]} | {when for when, _ in trl[1:]})
         behind = [when for when in checkpoints if curve_at(relay, when) < curve_at(trl, when)]
         rows.append({"seed": run["seed"], "target": target, "time_to_target": times,
+                     "compared_at": [{"wall_s": when, "relayrl": curve_at(relay, when), "trl": curve_at(trl, when)}
+                                     for when in checkpoints],
                      "ratio": times["relayrl"] / times["trl"] if math.isfinite(times["trl"]) and times["trl"] > 0 else math.nan,
                      "behind_at": behind, "final": {"relayrl": relay[-1][1], "trl": trl[-1][1]},
                      "wall_s": {"relayrl": relay[-1][0], "trl": trl[-1][0]}})
@@ -264,6 +268,25 @@ def markdown(runs: list[dict[str, Any]], analysis: dict[str, Any], args: argpars
         lines += ["", f"Wall clock to the target, relayrl over TRL: mean {statistics.fmean(ratios):.2f} over "
                       f"{len(ratios)} seed(s) ({', '.join(f'{ratio:.2f}' for ratio in ratios)})."]
     return "\n".join(lines)
+
+
+def headline(runs: list[dict[str, Any]], analysis: dict[str, Any], args: argparse.Namespace) -> str:
+    """One sentence for the README."""
+    rows = analysis["seeds"]
+    ratios = [row["ratio"] for row in rows if math.isfinite(row["ratio"])]
+    behind = sum(len(row["behind_at"]) for row in rows)
+    compared = sum(len(row["compared_at"]) for row in rows)
+    finals = {side: ", ".join(f"{row['final'][side]:.3f}" for row in rows) for side in ("relayrl", "trl")}
+    if ratios:
+        reached = (f"relayrl reached the target held-out pass@1 ({args.target_fraction:g} of the lower of the two "
+                   f"sides' best) in {statistics.fmean(ratios):.2f}x TRL's wall clock (mean over {len(ratios)} "
+                   f"seed(s): {', '.join(f'{ratio:.2f}' for ratio in ratios)})")
+    else:
+        reached = "no seed had a target both sides reached"
+    return (f"Against TRL's `GRPOTrainer` on the same workload (SmolLM2-135M-Instruct on `chain_sum`, {args.steps} "
+            f"steps a side of the same prompts, group size, sampling, learning rate and scorer, on 2 CPU cores): "
+            f"{reached}; at equal wall clock relayrl was behind at {behind} of {compared} checkpoint times; final "
+            f"pass@1 relayrl {finals['relayrl']}, TRL {finals['trl']} (`benchmarks/vs_trl.py`).")
 
 
 def plot(runs: list[dict[str, Any]], path: Path) -> None:
@@ -306,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", default=None)
     parser.add_argument("--set", dest="extra_sets", action="append", default=[], help="more relayrl run --set")
     parser.add_argument("--resume", action="store_true", help="keep the seeds the results file holds")
+    parser.add_argument("--tabulate", action="store_true", help="run nothing: tables, headline and plot again from the results file")
     parser.add_argument("--quick", action="store_true", help="one seed, 2 steps, 4 eval tasks; nothing written")
     args = parser.parse_args(argv)
     args.extra = [part for item in args.extra_sets for part in ("--set", item)]
@@ -314,8 +338,18 @@ def main(argv: list[str] | None = None) -> int:
     revision = commit()
     runs: list[dict[str, Any]] = []
     path = RESULTS / f"{NAME}.json"
-    if args.resume and path.exists():
+    if (args.resume or args.tabulate) and path.exists():
         runs = json.loads(path.read_text())["data"]["runs"]
+    if args.tabulate:
+        data = json.loads(path.read_text())["data"]
+        args.steps, args.eval_tasks = data["steps"], data["eval_tasks"]
+        for run in runs if args.work_dir else []:  # the fleet's tokens/s again from runs the work directory holds
+            metrics = Path(args.work_dir) / f"relayrl-{run['seed']}" / "metrics.jsonl"
+            if metrics.exists():
+                last = json.loads(metrics.read_text().splitlines()[-1])["metrics"]
+                run["relayrl"]["tokens_per_s"] = last.get("fleet/tokens_per_s", run["relayrl"]["tokens_per_s"])
+        report(runs, data["base"], args, argv, revision)
+        return 0
     with contextlib.ExitStack() as stack:
         folder = (Path(args.work_dir) if args.work_dir
                   else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relayrl-vs-trl-"))))
@@ -338,8 +372,9 @@ def main(argv: list[str] | None = None) -> int:
                 curve = [(0.0, base)]
                 for entry in timeline:
                     if "checkpoint" in entry:
-                        label = Path(entry["checkpoint"].split("@")[0]).name + (
-                            f"-v{entry['checkpoint'].split('@')[1]}" if "@" in entry["checkpoint"] else "")
+                        # relayrl-SEED@VERSION -> relayrl-SEED-vVERSION; .../trl-SEED/step-N -> trl-SEED-step-N
+                        where, _, version = entry["checkpoint"].partition("@")
+                        label = f"{Path(where).name}-v{version}" if version else "-".join(Path(where).parts[-2:])
                         score = pass_at_1(entry["checkpoint"], folder / f"eval-{label}", args, cwd=folder,
                                           config=eval_config if side == "trl" else [])
                         curve.append((entry["wall_s"], score))
@@ -347,18 +382,25 @@ def main(argv: list[str] | None = None) -> int:
                 wall = timeline[-1]["wall_s"] if timeline else math.nan
                 tokens = sum(entry.get("generated_tokens", 0.0) for entry in timeline)
                 run[side] = {"curve": curve, "step_s": statistics.median(steps) if steps else math.nan,
-                             "tokens_per_s": tokens / wall if wall else math.nan,
+                             "tokens_per_s": timeline[-1].get("fleet_tokens_per_s", tokens / wall if wall else math.nan),
                              "timeline": timeline}
             runs.append(run)
-            analysis = analyse(runs, args.target_fraction)
-            text = markdown(runs, analysis, args)
-            print(text, flush=True)
-            if not args.quick:
-                write_results(NAME, command=command_line(argv), markdown=text, revision=revision,
-                              data={"runs": runs, "analysis": analysis, "base": base, "steps": args.steps,
-                                    "eval_tasks": args.eval_tasks})
-                plot(runs, PLOT)
+            report(runs, base, args, argv, revision)
     return 0
+
+
+def report(runs: list[dict[str, Any]], base: float, args: argparse.Namespace, argv: list[str], revision: str) -> None:
+    """Print the table; outside ``--quick`` write the results file, the README headline and the plot."""
+    analysis = analyse(runs, args.target_fraction)
+    text = markdown(runs, analysis, args)
+    print(text, flush=True)
+    if args.quick:
+        return
+    data = {"runs": runs, "analysis": analysis, "base": base, "steps": args.steps, "eval_tasks": args.eval_tasks}
+    write_results(NAME, command=command_line(argv), markdown=text, revision=revision, data=data)
+    write_results(f"{NAME}-headline", command=command_line(argv), markdown=headline(runs, analysis, args),
+                  revision=revision, data={"analysis": analysis})
+    plot(runs, PLOT)
 
 
 if __name__ == "__main__":

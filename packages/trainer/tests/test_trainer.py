@@ -52,6 +52,41 @@ def test_micro_batching_gives_the_same_gradients_as_one_batch():
         torch.testing.assert_close(grads[0][name], grads[1][name], rtol=1e-4, atol=1e-7)
 
 
+class FullLogits(torch.nn.Module):
+    """A model whose forward has no ``logits_to_keep``: the trainer projects every position."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+
+def test_projecting_only_the_positions_that_predict_targets_gives_the_same_gradients():
+    model = tiny_llama(seed=3)
+    groups = generate_groups(copy.deepcopy(model), max_tokens=12)
+    batch = build_sequences(groups)
+    assert int(batch.target_mask[:, 1:].any(dim=0).nonzero()[0]) > 0  # prompts: positions to skip
+    kept = TorchTrainer(copy.deepcopy(model), algo=algo())
+    full = TorchTrainer(FullLogits(copy.deepcopy(model)), algo=algo())
+    offsets = []
+    forward = kept.objective.forward
+
+    def recording_forward(*args, **kwargs):
+        logits, offset = forward(*args, **kwargs)
+        offsets.append(offset)
+        return logits, offset
+
+    kept.objective.forward = recording_forward
+    metrics = [trainer.accumulate_gradients(groups) for trainer in (kept, full)]
+    assert offsets and all(offset > 0 for offset in offsets)  # the HF model took the short path
+    assert metrics[0]["tokens/targets"] == metrics[1]["tokens/targets"]
+    assert metrics[0]["loss/value"] == pytest.approx(metrics[1]["loss/value"], rel=1e-5, abs=1e-7)
+    for name, parameter in kept.model.named_parameters():
+        torch.testing.assert_close(parameter.grad, full.model.inner.get_parameter(name).grad, rtol=1e-4, atol=1e-7)
+
+
 @pytest.mark.parametrize("loss", ["ppo-clip", "gspo", "cispo"])
 def test_training_raises_the_logprob_of_rewarded_samples(loss):
     model = tiny_llama(seed=2)
