@@ -261,8 +261,13 @@ def markdown(runs: list[dict[str, Any]], analysis: dict[str, Any], args: argpars
         lines.append(
             f"| {run['seed']} | {run['first']} | {row['wall_s']['relayrl'] / 60:.1f} min | {row['wall_s']['trl'] / 60:.1f} min | "
             f"{row['final']['relayrl']:.3f} | {row['final']['trl']:.3f} | {row['target']:.3f} | {row['ratio']:.2f} | "
-            f"{len(row['behind_at'])} of the checkpoints | {run['relayrl']['tokens_per_s']:.1f} | {run['trl']['tokens_per_s']:.1f} | "
+            f"{len(row['behind_at'])} of {len(row.get('compared_at', [])) or 'the'} checkpoint times | "
+            f"{run['relayrl']['tokens_per_s']:.1f} | {run['trl']['tokens_per_s']:.1f} | "
             f"{run['relayrl']['step_s']:.1f} | {run['trl']['step_s']:.1f} |")
+    lines += ["", "Wall clock from the command. Gen tok/s: tokens generated per second of the run (relayrl's fleet: "
+                  "every group it generated, those it did not hand the trainer included). Step s: the median step "
+                  "(relayrl: the trainer's optimiser step, generation running beside it; TRL: generation, then the "
+                  "optimiser step)."]
     ratios = [row["ratio"] for row in analysis["seeds"] if math.isfinite(row["ratio"])]
     if ratios:
         lines += ["", f"Wall clock to the target, relayrl over TRL: mean {statistics.fmean(ratios):.2f} over "

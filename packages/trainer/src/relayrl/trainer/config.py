@@ -73,8 +73,9 @@ class TrainerSection(Section, kw_only=True):
     A trainer killed between checkpoints resumes from the last one and redoes the steps since on the
     buffer's record of them: the exactly-once ledger keeps the redone step's line (the last line of a
     step wins), and with ``run.deterministic`` the redone steps reproduce the lost ones bit for bit. A
-    checkpoint holds the model and its optimiser state: for a 135M model under AdamW, 1.6 GB written
-    every step, which above a few million parameters costs more than it protects (docs/reasoning.md)."""
+    checkpoint holds the model and its optimiser state (12 bytes a parameter under AdamW: 1.6 GB for a
+    135M model), written by a background thread that shares the CPU and the disk with the next steps
+    (``checkpoint/write_s``, ``checkpoint/bytes`` in the metrics; docs/fault-tolerance.md)."""
     checkpoint_keep: int = 3
     """Checkpoints kept in ``<run_dir>/checkpoints`` (relayrl-fault-tolerance)."""
     checkpoint_peers: tuple[str, ...] = ()
