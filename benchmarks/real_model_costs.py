@@ -12,9 +12,11 @@ From each run's ``metrics.jsonl``: the trainer's step time (median of the steps 
 ``trainer/wall_step_s``: the step with its publish and checkpoint copy), the checkpoint's bytes,
 blocking copy and background write (``checkpoint/*``), the published weight delta (bytes on the bus
 per version after the first, the ratio against the raw tensors, publish seconds) and the engine's
-weight update; the fleet's generated tokens per second of engine time (tokens over the time between
-the first and the last step); and the peak resident memory (``VmHWM``) of each process of the run,
-sampled from ``/proc`` by role (launcher, trainer, rollout, engine). Ratios are against the
+weight update; the fleet's generated tokens per second since it started (every group it generated,
+those it did not hand the trainer included; it runs at most ``max_ahead_groups`` ahead of the trainer,
+so this is its capacity only where the trainer waited for it); and the peak resident memory (``VmHWM``) of each process of the run,
+sampled from ``/proc`` by role (launcher, trainer, rollout, engine: the largest process of each, a
+process without a role of its own counted in its parent's). Ratios are against the
 ``every step`` run of the same invocation.
 
 Usage: ``python benchmarks/real_model_costs.py [--steps N] [--model DIR] [--work-dir DIR] [--quick]``
@@ -41,21 +43,17 @@ from results import command_line, commit, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "reasoning.toml"
-ROLES = {"trainer_process": "trainer", "rollout_process": "rollout", "engine": "engine"}
-
-
-def role_of(command: str) -> str | None:
-    """The role of a process of the run from its command line (None: not one of ours)."""
-    if "relayrl.cli" not in command and "relayrl" not in command:
-        return None
-    for marker, role in ROLES.items():
-        if marker in command:
-            return role
-    return "launcher" if " run " in f" {command} " else None
+ROLES = {"relayrl.cli.run.trainer_process": "trainer", "relayrl.cli.run.rollout_process": "rollout",
+         "relayrl.rollout.engines": "engine"}
 
 
 class PeakMemory:
-    """Samples ``VmHWM`` (peak resident set) of the descendants of one process by role until stopped."""
+    """Samples the peak resident set (``VmHWM``) of a process tree by role until stopped.
+
+    The root is the launcher (``relayrl run``); a process whose command line names a relayrl process
+    module takes that role, and every other process its parent's (a vLLM engine's worker process is
+    the engine's, a sandboxed grader the rollout process's). Per role: the largest single process.
+    """
 
     def __init__(self, root_pid: int, interval_s: float = 0.5) -> None:
         self.root_pid, self.interval_s = root_pid, interval_s
@@ -64,31 +62,31 @@ class PeakMemory:
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _descendants(self) -> list[int]:
+    def _roles(self) -> dict[int, str]:
         children: dict[int, list[int]] = {}
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit():
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
                     children.setdefault(parent, []).append(int(entry.name))
-        found, frontier = [], [self.root_pid]
+        roles, frontier = {}, [(self.root_pid, "launcher")]
         while frontier:
-            pid = frontier.pop()
-            found.append(pid)
-            frontier.extend(children.get(pid, []))
-        return found
+            pid, inherited = frontier.pop()
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            role = next((name for marker, name in ROLES.items() if marker in command), inherited)
+            roles[pid] = role
+            frontier.extend((child, role) for child in children.get(pid, []))
+        return roles
 
     def _sample(self) -> None:
-        for pid in self._descendants():
-            with contextlib.suppress(OSError):
-                command = (Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")).decode(errors="replace")
-                role = role_of(command)
-                if role is None:
-                    continue
+        for pid, role in self._roles().items():
+            with contextlib.suppress(OSError, ValueError, IndexError):
                 for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
-                        mib = int(line.split()[1]) / 1024
-                        self.peaks[role] = max(self.peaks.get(role, 0.0), mib)
+                        self.peaks[role] = max(self.peaks.get(role, 0.0), int(line.split()[1]) / 1024)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -100,8 +98,10 @@ class PeakMemory:
         return dict(self.peaks)
 
 
-def run_example(folder: Path, name: str, model: Path, steps: int, sets: list[str]) -> dict[str, Any]:
-    """``relayrl run`` of the example with ``sets``; the costs read back from the run."""
+def run_example(folder: Path, name: str, model: Path, steps: int, sets: list[str], timeout_s: float) -> dict[str, Any]:
+    """``relayrl run`` of the example with ``sets``; the costs read back from the run. A run still going
+    after ``timeout_s`` is stopped as a user stops it (SIGTERM: the step in progress finishes) and
+    measured on the steps it took."""
     run_dir = folder / name
     command = [sys.executable, "-m", "relayrl.cli", "run", str(EXAMPLE), "--run-dir", str(run_dir), "--no-report",
                "--set", f"trainer.steps={steps}", "--set", f'model.path="{model}"', "--set", "trainer.checkpoint_keep=2"]
@@ -110,11 +110,19 @@ def run_example(folder: Path, name: str, model: Path, steps: int, sets: list[str
     with open(folder / f"{name}.log", "w") as log:
         process = subprocess.Popen(command, cwd=folder, stdout=log, stderr=subprocess.STDOUT)
         sampler = PeakMemory(process.pid)
-        code = process.wait(timeout=3600)
+        stopped = False
+        try:
+            code = process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stopped = True
+            process.terminate()
+            code = process.wait(timeout=600)
         peaks = sampler.stop()
-    if code != 0:
-        raise SystemExit(f"{name}: relayrl run failed ({code}); see {folder / f'{name}.log'}")
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics_file = run_dir / "metrics.jsonl"
+    records = ([json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+               if metrics_file.exists() else [])
+    if (code != 0 and not stopped) or len(records) < 2:
+        raise SystemExit(f"{name}: relayrl run failed ({code}, {len(records)} steps); see {folder / f'{name}.log'}")
     metrics = [record["metrics"] for record in records]
 
     def median(name: str, rows: list[dict[str, float]] | None = None) -> float:
@@ -125,7 +133,7 @@ def run_example(folder: Path, name: str, model: Path, steps: int, sets: list[str
     generated = sum(row.get("buffer/generated_tokens", 0.0) for row in metrics[1:])
     checkpointed = [row for row in metrics if "checkpoint/blocking_s" in row]
     return {
-        "steps": len(records), "step_s": median("trainer/wall_step_s"), "train_s": median("trainer/step_s"),
+        "steps": len(records), "stopped_at_timeout": stopped, "step_s": median("trainer/wall_step_s"), "train_s": median("trainer/step_s"),
         "steps_per_min": 60 * (len(records) - 1) / span if span > 0 else float("nan"),
         "checkpoints": len(checkpointed), "checkpoint_bytes": median("checkpoint/bytes", metrics),
         "checkpoint_blocking_s": median("checkpoint/blocking_s", checkpointed),
@@ -133,7 +141,11 @@ def run_example(folder: Path, name: str, model: Path, steps: int, sets: list[str
         "publish_s": median("weight_sync/publish_s"), "delta_ratio": median("weight_sync/delta_ratio"),
         "delta_bytes": median("weight_sync/stored_bytes"),
         "engine_update_s": median("weight_sync/engine_update_s"),
-        "fleet_tokens_per_s": generated / span if span > 0 else float("nan"), "peak_mib": peaks,
+        # Every token the fleet generated (groups it skipped included) per second since it started; it
+        # generates at most max_ahead_groups ahead of the trainer, so this is the demand it met, which
+        # is its capacity only when the trainer waited for it.
+        "fleet_tokens_per_s": metrics[-1].get("fleet/tokens_per_s", float("nan")),
+        "trained_tokens_per_s": generated / span if span > 0 else float("nan"), "peak_mib": peaks,
     }
 
 
@@ -155,8 +167,9 @@ def markdown(runs: dict[str, dict[str, Any]], steps: int, skipped: dict[str, str
     for name, run in runs.items():
         peaks = " / ".join(f"{run['peak_mib'].get(role, float('nan')):,.0f}"
                            for role in ("trainer", "rollout", "engine", "launcher"))
+        label = f"{name} ({run['steps']} steps{', stopped at the time limit' if run.get('stopped_at_timeout') else ''})"
         lines.append(
-            f"| {name} | {run['step_s']:.1f} ({run['step_s'] / base['step_s']:.2f}) | {run['steps_per_min']:.2f} | "
+            f"| {label} | {run['step_s']:.1f} ({run['step_s'] / base['step_s']:.2f}) | {run['steps_per_min']:.2f} | "
             f"{run['checkpoint_bytes'] / 1e9:.2f} | {run['checkpoint_blocking_s']:.2f} | {run['checkpoint_write_s']:.1f} | "
             f"{run['delta_bytes'] / 1e6:.1f} | {run['delta_ratio']:.0f} | {run['publish_s']:.2f} | "
             f"{run['engine_update_s']:.2f} | {run['fleet_tokens_per_s']:.1f} | {peaks} |")
@@ -171,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--model", default=None, help="the imported model directory (default: import it)")
     parser.add_argument("--work-dir", default=None)
+    parser.add_argument("--timeout-min", type=float, default=20.0, help="stop a run still going after this")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     steps = 3 if args.quick else args.steps
@@ -195,7 +209,13 @@ def main(argv: list[str] | None = None) -> int:
         runs = {}
         for name, sets in configurations.items():
             print(f"{name} ...", flush=True)
-            runs[name] = run_example(folder, name.replace(" ", "-").lower(), model, steps, sets)
+            try:
+                runs[name] = run_example(folder, name.replace(" ", "-").lower(), model, steps, sets,
+                                         args.timeout_min * 60)
+            except SystemExit as failed:
+                if name == "every step":
+                    raise  # the baseline: nothing to compare without it
+                skipped[name] = str(failed).splitlines()[0]
     text = markdown(runs, steps, skipped)
     print(text)
     if not args.quick:
