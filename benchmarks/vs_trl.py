@@ -251,6 +251,12 @@ def analyse(seed_runs: list[dict[str, Any]], target_fraction: float) -> dict[str
     return {"seeds": rows}
 
 
+def shortfall(row: dict[str, Any]) -> str:
+    """How far relayrl was behind at worst, at the checkpoint times where it was (for the table)."""
+    gaps = [point["trl"] - point["relayrl"] for point in row.get("compared_at", []) if point["trl"] > point["relayrl"]]
+    return f" (by at most {max(gaps):.3f})" if gaps else ""
+
+
 def markdown(runs: list[dict[str, Any]], analysis: dict[str, Any], args: argparse.Namespace) -> str:
     lines = [f"SmolLM2-135M-Instruct on reasoning-gym `chain_sum` (`examples/reasoning.toml`), {args.steps} steps of "
              f"the same samples on each side, held-out pass@1 on {args.eval_tasks} tasks:", "",
@@ -261,10 +267,11 @@ def markdown(runs: list[dict[str, Any]], analysis: dict[str, Any], args: argpars
         lines.append(
             f"| {run['seed']} | {run['first']} | {row['wall_s']['relayrl'] / 60:.1f} min | {row['wall_s']['trl'] / 60:.1f} min | "
             f"{row['final']['relayrl']:.3f} | {row['final']['trl']:.3f} | {row['target']:.3f} | {row['ratio']:.2f} | "
-            f"{len(row['behind_at'])} of {len(row.get('compared_at', [])) or 'the'} checkpoint times | "
+            f"{len(row['behind_at'])} of {len(row.get('compared_at', [])) or 'the'} checkpoint times{shortfall(row)} | "
             f"{run['relayrl']['tokens_per_s']:.1f} | {run['trl']['tokens_per_s']:.1f} | "
             f"{run['relayrl']['step_s']:.1f} | {run['trl']['step_s']:.1f} |")
-    lines += ["", "Wall clock from the command. Gen tok/s: tokens generated per second of the run (relayrl's fleet: "
+    lines += ["", f"Wall clock from the command. Pass@1 on {args.eval_tasks} tasks has a sampling standard error of "
+                  f"up to {0.5 / math.sqrt(args.eval_tasks):.3f}. Gen tok/s: tokens generated per second of the run (relayrl's fleet: "
                   "every group it generated, those it did not hand the trainer included). Step s: the median step "
                   "(relayrl: the trainer's optimiser step, generation running beside it; TRL: generation, then the "
                   "optimiser step)."]
@@ -290,7 +297,8 @@ def headline(runs: list[dict[str, Any]], analysis: dict[str, Any], args: argpars
         reached = "no seed had a target both sides reached"
     return (f"Against TRL's `GRPOTrainer` on the same workload (SmolLM2-135M-Instruct on `chain_sum`, {args.steps} "
             f"steps a side of the same prompts, group size, sampling, learning rate and scorer, on 2 CPU cores): "
-            f"{reached}; at equal wall clock relayrl was behind at {behind} of {compared} checkpoint times; final "
+            f"{reached}; at equal wall clock relayrl was behind at {behind} of {compared} checkpoint times"
+            f"{''.join(sorted((shortfall(row) for row in rows), reverse=True)[:1])}; final "
             f"pass@1 relayrl {finals['relayrl']}, TRL {finals['trl']} (`benchmarks/vs_trl.py`).")
 
 
