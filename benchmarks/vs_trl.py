@@ -309,11 +309,13 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(7, 4))
-    for run in runs:
+    styles = ["-", "--", ":", "-."]  # one line style per seed, one colour per side
+    for index, run in enumerate(runs):
         for side, colour in (("relayrl", "tab:blue"), ("trl", "tab:orange")):
             curve = run[side]["curve"]
             axis.step([when / 60 for when, _ in curve], [score for _, score in curve], where="post", color=colour,
-                      alpha=0.8, label=f"{'relayrl' if side == 'relayrl' else 'TRL'} seed {run['seed']}")
+                      linestyle=styles[index % len(styles)], alpha=0.85,
+                      label=f"{'relayrl' if side == 'relayrl' else 'TRL'} seed {run['seed']}")
     axis.set_xlabel("wall clock from the command (minutes)")
     axis.set_ylabel("held-out pass@1")
     axis.legend(fontsize=7)
