@@ -29,16 +29,15 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from reasoning_learning import model_directory, work_folder
 from results import command_line, commit, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -199,13 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         configurations["vLLM"] = ['rollout.engine="vllm"']
     with contextlib.ExitStack() as stack:
-        folder = (Path(args.work_dir) if args.work_dir
-                  else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relayrl-costs-"))))
-        folder.mkdir(parents=True, exist_ok=True)
-        model = Path(args.model).resolve() if args.model else folder / "models" / "smollm2-135m-instruct"
-        if not (model / "config.json").exists():
-            subprocess.run([sys.executable, "-m", "relayrl.cli", "model", "import-gguf", str(model)], cwd=folder,
-                           check=True, env={**os.environ})
+        folder = work_folder(stack, args.work_dir, "relayrl-costs-")
+        model = model_directory(folder, args.model)
         runs = {}
         for name, sets in configurations.items():
             print(f"{name} ...", flush=True)

