@@ -43,7 +43,7 @@ import msgspec
 
 from relayrl.algo.determinism import rng_state, set_rng_state
 
-__all__ = ["BatchSource", "Checkpointer", "LoopHooks", "StepResult", "TrainingLoop", "WeightPublisher"]
+__all__ = ["BatchSource", "Checkpointer", "LoopHooks", "StepResult", "TrainingLoop", "WeightPublisher", "checkpoint_due"]
 
 
 class BatchSource(Protocol):
@@ -105,6 +105,12 @@ class LoopHooks:
     def on_renumbered(self, version: int, published_as: int) -> None:
         """The weights of ``version`` went out as ``published_as``: the bus held other bits under that
         number (a resume that did not reproduce the crashed run's step, or a non-deterministic run)."""
+
+
+def checkpoint_due(step: int, every: int, steps: int) -> bool:
+    """Whether ``step`` is checkpointed when committed: every ``every``-th step, and the last of ``steps``
+    (0: no last step). Every rank of a data-parallel trainer decides by this, so their shards agree."""
+    return step % every == 0 or (bool(steps) and step >= steps)
 
 
 @dataclass
@@ -201,8 +207,8 @@ class TrainingLoop:
         return [item.group for item in batch.groups], None if all(weight == 1.0 for weight in weights) else weights
 
     def checkpoint_due(self, step: int) -> bool:
-        """Whether ``step`` is checkpointed as soon as it is committed (every ``checkpoint_every``-th, the last)."""
-        return step % self.checkpoint_every == 0 or (bool(self.steps) and step >= self.steps)
+        """Whether ``step`` is checkpointed as soon as it is committed (see :func:`checkpoint_due`)."""
+        return checkpoint_due(step, self.checkpoint_every, self.steps)
 
     def checkpoint_pending(self) -> float:
         """Checkpoint the last committed step if it is not yet (a stopped loop calls this before it

@@ -50,7 +50,7 @@ from relayrl.fault_tolerance.faults import maybe_kill
 from relayrl.fault_tolerance.recovery import recover
 from relayrl.rollout.config import build_environment
 from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
-from relayrl.trainer.loop import LoopHooks, TrainingLoop
+from relayrl.trainer.loop import LoopHooks, TrainingLoop, checkpoint_due
 from relayrl.trainer.metrics import MetricsWriter
 from relayrl.trainer.warmup import MaskedExample, supervised_warmup
 from relayrl.weight_sync import ConcurrentWriter, Publisher
@@ -363,8 +363,7 @@ class TrainerProcess:
         if self.loop is None:  # a rank other than the leader: its shard of the checkpoint, at the leader's cadence
             self.step += 1
             self._rank_unsaved = {"step": self.step, "rng": rng_state()}
-            total, every = self.config.trainer.steps, self.config.trainer.checkpoint_every
-            if self.step % every == 0 or (total and self.step >= total):
+            if checkpoint_due(self.step, self.config.trainer.checkpoint_every, self.config.trainer.steps):
                 self._checkpoint_pending()
             return
         batch, self._batch = self._batch, None
