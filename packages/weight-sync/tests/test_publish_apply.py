@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import threading
+
+import msgspec
 import numpy as np
 import pytest
 
+from relayrl.core import codec
 from relayrl.core.config import load_config
 from relayrl.core.store import open_store
+from relayrl.core.wire import WeightManifest
 from relayrl.weight_sync import (
     BitMismatch,
     Controller,
+    CorruptManifest,
+    NodeMirror,
     Publisher,
     StateDictAdapter,
     VersionUnavailable,
@@ -696,6 +703,69 @@ def test_a_corrupt_bridge_needs_no_repair_the_snapshot_route_is_intact(store):
     report = controller.poll_once()
     assert report.route == "snapshot" and report.retried and engine_equals(engine, state(4))
     assert not WeightBus(store).repair_requests()
+    publisher.close()
+
+
+def _rewrite_manifest(store, key: str, **changes) -> None:
+    """Rewrite a manifest object with ``changes``: its checksum is valid, its content is not."""
+    manifest = codec.decode(store.get(key), WeightManifest)
+    store.put(key, codec.encode(msgspec.structs.replace(manifest, **changes)))
+
+
+def _finishes(call, *args):
+    """``call(*args)``'s result or exception, from a thread that must end (a looping walk would not)."""
+    outcome: list = []
+
+    def target():
+        try:
+            outcome.append(call(*args))
+        except Exception as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(60)  # a hang guard, not a timing check: a correct walk takes milliseconds
+    assert not worker.is_alive(), f"{call.__name__} never returned: a parent chain walk loops"
+    return outcome[0]
+
+
+@pytest.mark.parametrize("links", [{3: 3}, {3: 7}, {2: 3}], ids=["onto itself", "forward", "a cycle of two"])
+def test_a_manifest_whose_parent_chain_loops_or_points_forward_is_corrupt_not_followed(store, tmp_path, links):
+    publisher = Publisher(store, keep_versions=0, snapshot_every_versions=50)
+    publish(publisher, 1, 2, 3)
+    bus = WeightBus(store)
+    for version, parent in links.items():
+        _rewrite_manifest(store, bus.manifest_key(version), parent=parent)
+    with pytest.raises(CorruptManifest, match="a parent must be an older version"):
+        WeightBus(store).read_manifest(min(links))
+    # Every walk down the chain ends: a route, retention's needs, a node mirror, retention itself.
+    controller = Controller(store, fresh_engine(), reporter="engine-7")
+    outcome = _finishes(controller.poll_once)
+    assert isinstance(outcome, VersionUnavailable) and "asked the publisher" in str(outcome)
+    assert _finishes(needed_versions, WeightBus(store), [3]) <= {1, 2, 3}
+    mirror = NodeMirror(store, open_store(f"file://{tmp_path}/mirror"), keep_versions=2)
+    _finishes(mirror.sync_once)  # ends: copies what verifies, or refuses
+    mirror.close()
+    _finishes(apply_retention, WeightBus(store), 1)
+    # ... and the corrupt version is repaired like a corrupt object: the next publish is a snapshot.
+    publish(publisher, 4)
+    assert publisher.last_report.kind == "full"
+    report = controller.poll_once()
+    assert report.version == 4 and engine_equals(controller.engine, state(4))
+    publisher.close()
+
+
+def test_a_bridge_that_points_at_its_own_snapshot_is_skipped_not_followed(store):
+    publisher = Publisher(store, keep_versions=0, snapshot_every_versions=3)
+    publish(publisher, 1, 2, 3)
+    engine = fresh_engine()
+    controller = Controller(store, engine)
+    controller.update_to(3)
+    publish(publisher, 4)  # a snapshot, with a bridge delta from 3
+    manifest = WeightBus(store).read_manifest(4, cached=False)
+    _rewrite_manifest(store, manifest.metadata["bridge"], parent=4)
+    report = _finishes(controller.poll_once)
+    assert report.route == "snapshot" and engine_equals(engine, state(4))
     publisher.close()
 
 

@@ -15,14 +15,20 @@ from relayrl.weight_sync.codecs import Codec, codec_registry, make_codec
 from relayrl.weight_sync.config import WeightSyncSection
 from relayrl.weight_sync.controller import ApplyReport, Controller, Plan, plan_route
 from relayrl.weight_sync.engine import EngineAdapter, PausableEngine, ShadowAdapter, StateDictAdapter, WeightLoader
-from relayrl.weight_sync.errors import BitMismatch, ConcurrentWriter, VersionUnavailable, WeightSyncError
+from relayrl.weight_sync.errors import (
+    BitMismatch,
+    ConcurrentWriter,
+    CorruptManifest,
+    VersionUnavailable,
+    WeightSyncError,
+)
 from relayrl.weight_sync.layout import WeightBus
 from relayrl.weight_sync.mirror import MirrorReport, NodeMirror
 from relayrl.weight_sync.publisher import Publisher, PublishReport
 from relayrl.weight_sync.retention import apply_retention, needed_versions
 
 __all__ = [
-    "ApplyReport", "BitMismatch", "Codec", "ConcurrentWriter", "Controller", "EngineAdapter", "MirrorReport", "NodeMirror",
+    "ApplyReport", "BitMismatch", "Codec", "ConcurrentWriter", "Controller", "CorruptManifest", "EngineAdapter", "MirrorReport", "NodeMirror",
     "PausableEngine", "Plan", "PublishReport", "Publisher", "ShadowAdapter", "StateDictAdapter", "VersionUnavailable",
     "WeightBus", "WeightLoader", "WeightSyncError",
     "WeightSyncSection", "apply_retention", "codec_registry", "make_codec", "needed_versions", "plan_route",

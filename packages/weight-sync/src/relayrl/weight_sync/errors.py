@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from relayrl.core.errors import RelayrlError
+from relayrl.core.errors import RelayrlError, WireError
 
 
 class WeightSyncError(RelayrlError):
@@ -11,6 +11,12 @@ class WeightSyncError(RelayrlError):
 
 class BitMismatch(WeightSyncError):
     """The bits a decode or an apply produced differ from the checksum the manifest records."""
+
+
+class CorruptManifest(WeightSyncError, WireError):
+    """A manifest that decodes (and passes its checksum) but cannot be true: a version other than its
+    key's, or a delta whose parent is not an older version (a loop or a forward link). Readers treat it
+    like any other unreadable object, so every walk down a parent chain is finite."""
 
 
 class VersionUnavailable(WeightSyncError):

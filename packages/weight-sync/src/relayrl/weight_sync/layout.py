@@ -29,7 +29,7 @@ from relayrl.core import codec
 from relayrl.core.errors import ChecksumMismatch, ObjectExists, ObjectNotFound
 from relayrl.core.store import Store
 from relayrl.core.wire import WeightManifest
-from relayrl.weight_sync.errors import WeightSyncError
+from relayrl.weight_sync.errors import CorruptManifest, WeightSyncError
 
 _WIDTH = 10
 CACHED_MANIFESTS = 128
@@ -111,9 +111,8 @@ class WeightBus:
             self._manifests.move_to_end(version)
             return self._manifests[version]
         key = self.manifest_key(version)
-        manifest = codec.decode(self.store.get(key), WeightManifest, what=f"{self.store.url}/{key}")
-        if manifest.version != version:
-            raise WeightSyncError(f"{self.store.url}/{key}: holds version {manifest.version}, not {version}")
+        manifest = checked(codec.decode(self.store.get(key), WeightManifest, what=f"{self.store.url}/{key}"),
+                           version, what=f"{self.store.url}/{key}")
         _remember(self._manifests, version, manifest)
         return manifest
 
@@ -132,7 +131,9 @@ class WeightBus:
         return True
 
     def read_shard(self, key: str) -> WeightManifest:
-        return codec.decode(self.store.get(key), WeightManifest, what=f"{self.store.url}/{key}")
+        """A shard manifest or a bridge delta, checked like a committed manifest (its key names its version)."""
+        what = f"{self.store.url}/{key}"
+        return checked(codec.decode(self.store.get(key), WeightManifest, what=what), self.version_of(key), what=what)
 
     # ------------------------------------------------------------------ repairs
     def request_repair(self, version: int, reporter: str, reason: str) -> None:
@@ -176,6 +177,23 @@ class WeightBus:
         while self.exists(newest + 1):
             newest += 1
         return newest
+
+
+def checked(manifest: WeightManifest, version: int | None, *, what: str) -> WeightManifest:
+    """``manifest`` if it can be true, else :class:`CorruptManifest`.
+
+    It must hold the version its key names (``version``; None: not known from the key), and a delta's
+    parent must be an older version. Every link of a parent chain then goes strictly down towards 0,
+    so no walk down a chain (a route, retention's needs) can loop, however the store was written.
+    """
+    if version is not None and manifest.version != version:
+        raise CorruptManifest(f"{what}: holds version {manifest.version}, not {version}")
+    if manifest.version < 0:
+        raise CorruptManifest(f"{what}: version {manifest.version} is negative")
+    if manifest.kind == "delta" and (manifest.parent is None or not 0 <= manifest.parent < manifest.version):
+        raise CorruptManifest(f"{what}: a delta of version {manifest.version} onto version {manifest.parent}: "
+                              f"a parent must be an older version")
+    return manifest
 
 
 def _remember(cache: collections.OrderedDict, key: Any, value: WeightManifest) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from relayrl.core.errors import ObjectNotFound
+from relayrl.core.errors import ChecksumMismatch, ObjectNotFound, WireError
 from relayrl.weight_sync.layout import WeightBus
 
 
@@ -29,8 +29,8 @@ def needed_versions(bus: WeightBus, keep: Iterable[int]) -> set[int]:
         while current is not None and current not in needed:
             try:
                 manifest = bus.read_manifest(current)
-            except ObjectNotFound:
-                break  # a broken chain keeps what exists; readers fall back to a snapshot
+            except (ObjectNotFound, ChecksumMismatch, WireError):
+                break  # a broken or corrupt chain keeps what exists; readers fall back to a snapshot
             needed.add(current)
             current = manifest.parent if manifest.kind == "delta" else None
     return needed
