@@ -82,7 +82,8 @@ def test_masks_skip_paths_inside_masked_or_private_directories(tmp_path):
     try:
         (data / "task" / "gold.patch").write_text("")
         (data / "other.patch").write_text("")
-        backend = _backend(require=[], hide_paths=[str(data / "task")])
+        # Masks matter inside what a sandbox sees: the data folder is exposed to it here.
+        backend = _backend(require=[], hide_paths=[str(data / "task")], expose_paths=[str(data)])
         hide = [data / "task" / "gold.patch", data / "other.patch", data / "absent", tmp_path / "under-tmp"]
         (tmp_path / "under-tmp").mkdir()
         with backend.create(hide=hide) as sandbox:
@@ -137,28 +138,24 @@ def test_a_zero_rlimit_means_no_limit():
 def test_a_sandbox_that_fails_to_start_leaves_nothing_behind():
     from relayrl.sandbox.api import SandboxError
 
-    loop = Path()
+    missing = Path()
 
-    class MaskingALoop(ProcessBackend):
-        def masks(self, sandbox):  # a symbolic link to itself cannot be mounted on: the set-up fails
-            return [str(loop)], []
+    class SeeingAVanishedPath(ProcessBackend):
+        def visible(self):  # a path gone between the listing and the bind mount: the set-up fails
+            return [*super().visible(), str(missing)]
 
     backend = _backend(require=[])
     if "readonly-system" not in backend.capabilities():
         pytest.skip(f"needs 'readonly-system' (the namespace set-up is what fails): {backend.reasons}")
-    failing = MaskingALoop(require=[])
+    failing = SeeingAVanishedPath(require=[])
     failing.root.mkdir(parents=True, exist_ok=True)
-    loop = failing.root / f"loop-{uuid.uuid4().hex}"
-    loop.symlink_to(loop)
+    missing = failing.root / f"vanished-{uuid.uuid4().hex}"
 
     def mounts_under_root():  # compared before and after: sandboxes of other tests may still await GC
         return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
                 if line.split()[4].startswith(str(failing.root) + "/")}
 
-    try:
-        before = set(failing.root.iterdir()), mounts_under_root()
-        with pytest.raises(SandboxError, match="cannot set up the sandbox's namespaces"):
-            failing.create()
-        assert (set(failing.root.iterdir()), mounts_under_root()) == before
-    finally:
-        loop.unlink()
+    before = set(failing.root.iterdir()), mounts_under_root()
+    with pytest.raises(SandboxError, match="cannot set up the sandbox's namespaces"):
+        failing.create()
+    assert (set(failing.root.iterdir()), mounts_under_root()) == before

@@ -118,3 +118,33 @@ def test_the_tools_treat_the_sandboxs_files_as_hostile(toolbox):
                                 for index in range(8)])
     assert [result.error for result in results] == [None] * 8
     assert run(toolbox, "bash", command="cat fresh/dir/file*.txt").output == "01234567"
+
+
+@pytest.mark.parametrize("content", [b"\n" * (4 << 20), b"ab\n" * (1 << 20), b"x" * (4 << 20)],
+                         ids=["4 MiB of newlines", "a million short lines", "one 4 MiB line"])
+def test_read_file_costs_the_host_what_it_returns_not_what_the_file_holds(toolbox, content):
+    """The line tools stream: the host's peak is a few times the output cap, whatever the file's shape."""
+    import tracemalloc
+
+    toolbox.sandbox.write_file("planted.txt", content)
+    tracemalloc.start()
+    try:
+        result = run(toolbox, "read_file", path="planted.txt")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert result.error is None and result.truncated and len(result.output.encode()) < 2 * toolbox.max_output_bytes
+    # Before streaming, a 4 MiB file of newlines cost ~380 MiB here (95x its size).
+    assert peak < 32 * toolbox.max_output_bytes, f"peak {peak / 2**20:.1f} MiB"
+
+
+def test_read_file_numbers_lines_as_sed_does_and_says_where_to_continue(toolbox):
+    toolbox.sandbox.write_file("crlf.txt", b"one\r\ntwo\x0cstill two\r\nthree")
+    assert run(toolbox, "read_file", path="crlf.txt").output == "1\tone\n2\ttwo\x0cstill two\n3\tthree\n"
+    assert run(toolbox, "read_file", path="crlf.txt", start_line=9).output == "(crlf.txt has 3 lines)\n"
+    toolbox.sandbox.write_file("long.txt", "".join(f"{n:09d}\n" for n in range(20_000)))
+    first = run(toolbox, "read_file", path="long.txt")
+    assert first.truncated and "continue with start_line=" in first.output
+    resume = int(first.output.rsplit("start_line=", 1)[1].split("]")[0])
+    second = run(toolbox, "read_file", path="long.txt", start_line=resume, end_line=resume)
+    assert second.output == f"{resume}\t{resume - 1:09d}\n"

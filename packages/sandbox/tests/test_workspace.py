@@ -9,6 +9,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from relayrl.core.wire import TaskSpec
 from relayrl.sandbox.api import SandboxError
@@ -159,7 +161,7 @@ def test_diff_never_runs_git_in_the_agents_tree(tmp_path):
 
 
 def test_a_huge_file_costs_the_host_little_and_cannot_be_applied(tmp_path):
-    from relayrl.sandbox.workspace import MAX_DIFF_FILE_BYTES
+    from relayrl.sandbox.diffs import MAX_DIFF_FILE_BYTES
 
     before, after = tmp_path / "before", tmp_path / "after"
     for tree in (before, after):
@@ -170,3 +172,76 @@ def test_a_huge_file_costs_the_host_little_and_cannot_be_applied(tmp_path):
     diff = workspace_diff(before, after)
     assert "same.bin" not in diff and "pipe" not in diff
     assert "Binary files a/huge.txt and b/huge.txt differ" in diff and len(diff) < 1000
+
+
+_LINES = st.sampled_from(["a\n", "b\n", "c\n", "\n", "same\n", "x = 1\n", "last"])
+
+
+def _text(lines: list[str]) -> str:
+    # Only a file's last line may lack its newline.
+    return "".join(line if line.endswith("\n") or index == len(lines) - 1 else line + "\n"
+                   for index, line in enumerate(lines))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(old=st.lists(_LINES, max_size=30), new=st.lists(_LINES, max_size=30), replace_whole=st.booleans())
+def test_any_edit_round_trips_through_git_apply(tmp_path_factory, monkeypatch, old, new, replace_whole):
+    """Edits anywhere (heads and tails shared or not, last lines without newlines) apply to the exact
+    new text, whether the changed region is diffed line by line or replaced whole."""
+    import relayrl.sandbox.diffs as diffs
+
+    monkeypatch.setattr(diffs, "MAX_DIFFED_LINES", 0 if replace_whole else 20_000)
+    root = tmp_path_factory.mktemp("edit")
+    before, after, target = root / "before", root / "after", root / "target"
+    for tree, lines in ((before, old), (after, new), (target, old)):
+        tree.mkdir()
+        (tree / "f.txt").write_text(_text(lines))
+    apply_patch_locally(target, workspace_diff(before, after))
+    assert (target / "f.txt").read_text() == _text(new)
+
+
+def test_a_diff_costs_the_host_what_it_returns(tmp_path):
+    """A one-line change in a file of half a million lines, and a new file of a million empty lines:
+    the host holds the files' bytes and the output, not an object per line (before: ~95x the file)."""
+    import tracemalloc
+
+    from relayrl.sandbox.diffs import MAX_DIFF_FILE_BYTES
+
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.mkdir()
+    lines = b"".join(b"%07d\n" % n for n in range(MAX_DIFF_FILE_BYTES // 8))
+    (before / "big.txt").write_bytes(lines)
+    shutil.copytree(before, after)
+    (after / "big.txt").write_bytes(lines.replace(b"0065536\n", b"changed\n"))
+    (after / "blank.txt").write_bytes(b"\n" * MAX_DIFF_FILE_BYTES)
+    tracemalloc.start()
+    try:
+        diff = workspace_diff(before, after)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "-0065536\n+changed\n" in diff
+    assert diff[diff.index("diff --git a/blank.txt"):].splitlines().count("+") == MAX_DIFF_FILE_BYTES
+    # The diff is ~2 MiB; the two versions of big.txt are 1 MiB each (4 MiB as a str of them).
+    assert peak < 4 * len(diff) + 8 * MAX_DIFF_FILE_BYTES, f"peak {peak / 2**20:.1f} MiB for a {len(diff)}-byte diff"
+    target = tmp_path / "target"
+    shutil.copytree(before, target)
+    apply_patch_locally(target, diff)
+    assert workspace_diff(target, after) == ""
+
+
+def test_a_diff_too_large_to_grade_is_refused_and_does_not_apply(tmp_path, monkeypatch):
+    import relayrl.sandbox.diffs as diffs
+
+    monkeypatch.setattr(diffs, "MAX_DIFF_BYTES", 10_000)
+    before, after = tmp_path / "before", tmp_path / "after"
+    before.mkdir()
+    after.mkdir()
+    for index in range(100):
+        (after / f"file{index}.txt").write_text("x" * 200 + "\n")
+    assert workspace_diff(before, after) == diffs.TOO_LARGE_ANSWER
+    with pytest.raises(SandboxError, match="does not apply"):
+        apply_patch_locally(before, diffs.TOO_LARGE_ANSWER)
+    monkeypatch.setattr(diffs, "MAX_DIFF_ENTRIES", 50)
+    monkeypatch.setattr(diffs, "MAX_DIFF_BYTES", 1 << 20)
+    assert workspace_diff(before, after) == diffs.TOO_LARGE_ANSWER  # too many entries to walk

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 from collections.abc import Sequence
 
@@ -11,7 +12,8 @@ from relayrl.sandbox.local import LocalBackend, LocalSandbox
 
 __all__ = ["BwrapBackend", "probe_bwrap"]
 
-_BASE = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+_PROBE = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+"""What the probe mounts: it asks only whether bwrap can build a sandbox here at all."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -19,7 +21,7 @@ def probe_bwrap(as_other_uid: bool) -> tuple[bool, str]:
     """Whether bwrap can build a full sandbox here (as an unprivileged uid when ``as_other_uid``)."""
     if shutil.which("bwrap") is None:
         return False, "bwrap is not installed (Debian/Ubuntu: apt-get install -y bubblewrap)"
-    argv = ["bwrap", *_BASE, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "true"]
+    argv = ["bwrap", *_PROBE, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session", "true"]
     if as_other_uid:
         argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--no-new-privs", *argv]
     return try_command(argv)
@@ -52,11 +54,16 @@ class BwrapBackend(LocalBackend):
         hidden_directories, hidden_files = self.masks(sandbox)
         masks = [*(arg for path in hidden_directories for arg in ("--tmpfs", path)),
                  *(arg for path in hidden_files for arg in ("--ro-bind", "/dev/null", path))]
-        bwrap = ["bwrap", *_BASE,
+        # The sandbox's root is built from nothing: the visible host paths (relayrl.sandbox.view),
+        # the same symlinks where the host has them (/bin -> usr/bin), read-only ...
+        visible = self.visible()
+        view = [arg for path in visible for arg in (("--symlink", os.readlink(path), path) if os.path.islink(path)
+                                                    else ("--ro-bind", path, path))]
+        bwrap = ["bwrap", *view, "--dev", "/dev", "--proc", "/proc",
                  "--size", tmp_size, "--tmpfs", "/tmp", "--size", tmp_size, "--tmpfs", "/var/tmp",
-                 # Other sandboxes, graders included, disappear under an empty tmpfs ...
-                 "--tmpfs", str(self.root),
-                 # ... and only this workspace comes back, writable.
+                 # ... other sandboxes, graders included, disappear under an empty tmpfs if a visible path holds them ...
+                 *(arg for path in self.covered(visible) for arg in ("--tmpfs", path)),
+                 # ... and this workspace comes in, writable.
                  "--bind", workdir, workdir, "--chdir", cwd,
                  *masks,
                  "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",

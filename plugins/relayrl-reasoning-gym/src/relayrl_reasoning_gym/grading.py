@@ -85,8 +85,9 @@ class ScorerGrader(BatchedSandboxGrader):
         job = {"format": self.answer_format, "tag": self.tag, "timeout_s": self.answer_timeout_s, "items": items}
         # Every answer may take its timeout, plus the import and the regeneration of entries.
         timeout = 120.0 + self.answer_timeout_s * len(items)
+        python = self.python()  # first: resolving it exposes the interpreter to the sandboxes made after
         with self.backend().create() as sandbox:
-            result = sandbox.exec([self.python(), "-s", "-c", scorer_source()], stdin=json.dumps(job), timeout=timeout,
+            result = sandbox.exec([python, "-s", "-c", scorer_source()], stdin=json.dumps(job), timeout=timeout,
                                   env=HASH_SEED)
         self.sandbox_calls += 1
         self.graded_answers += len(items)

@@ -63,6 +63,9 @@ def grader_home() -> Path:
 
 def probe(backend: Any, python: str) -> tuple[str | None, str]:
     """(release, "") when ``python`` imports reasoning_gym in a sandbox of ``backend``, else (None, why)."""
+    from relayrl.sandbox.view import interpreter_paths
+
+    backend.expose(interpreter_paths(python))  # a sandbox sees the system directories and what is exposed
     try:
         with backend.create() as sandbox:
             result = sandbox.exec([python, "-I", "-c", _PROBE], timeout=120)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import msgspec
@@ -37,7 +37,8 @@ TRUNCATION_MARKER = "\n[... output truncated by the sandbox: {dropped} more byte
 CAPABILITIES: dict[str, str] = {
     "network-none": "no network but a private loopback (own network namespace)",
     "pid-isolation": "own PID namespace: host processes are invisible and cannot be signalled",
-    "readonly-system": "the host file system is read-only; /tmp, /var/tmp and /dev/shm are private",
+    "readonly-system": "a sandbox sees, read-only, only the system directories and the paths exposed to it (an "
+                       "allowlist), plus its own workspace; /tmp, /var/tmp and /dev/shm are private",
     "unprivileged": "commands run as a per-sandbox non-root uid with no capabilities",
     "memory-limit": "a memory cgroup caps the sandbox's resident memory (OOM-kill beyond it)",
     "process-limit": "a pids cgroup caps the number of processes and threads (fork bombs)",
@@ -152,6 +153,16 @@ class Sandbox(abc.ABC):
         The file is the sandbox's, hence hostile: a FIFO or device is refused, never waited on.
         """
 
+    def read_chunks(self, path: str, *, chunk_bytes: int = 1 << 16, limit: int | None = None) -> Iterator[bytes]:
+        """The bytes of workspace file ``path`` (at most ``limit``) in chunks of at most ``chunk_bytes``.
+
+        Host-side tools stream files with it, so a file's size does not become host memory. This
+        default reads the file in one :meth:`read_file` call; backends that can stream override it.
+        """
+        data = self.read_file(path, limit=limit)
+        for start in range(0, len(data), chunk_bytes):
+            yield data[start:start + chunk_bytes]
+
     @abc.abstractmethod
     def write_file(self, path: str, data: bytes | str) -> None:
         """Create or replace workspace file ``path`` (parents created), owned by the sandbox user."""
@@ -183,6 +194,12 @@ class SandboxBackend(abc.ABC):
         ``hide``: host paths its commands must not see (a task's hidden tests and gold patch), in
         addition to the backend's own list; directories appear empty, files empty.
         """
+
+    def expose(self, paths: Iterable[str | Path]) -> None:  # noqa: B027 - a default that adds nothing, on purpose
+        """Let sandboxes created from now on see host ``paths`` read-only: what a command needs beyond
+        the system directories (an interpreter in a virtual environment, say). Backends that build a
+        sandbox's view from an allowlist (the built-in ones: :mod:`relayrl.sandbox.view`) add them to
+        it; this default does nothing, for backends whose sandboxes bring their own file system."""
 
 
 def require_capabilities(backend_name: str, provided: Iterable[str], required: Iterable[str],

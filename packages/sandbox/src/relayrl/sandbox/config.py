@@ -70,6 +70,9 @@ class SandboxSection(Section, kw_only=True):
     """Directory sandboxes are created in; empty: ``RELAYRL_SANDBOX_ROOT`` or ``/var/lib/relayrl-sandbox``."""
     hide_paths: list[str] = []
     """Host paths no command may see (task data: hidden tests, gold patches); the shipped tasks always are."""
+    expose_paths: list[str] = []
+    """Host paths commands see read-only besides the system directories (/usr, /etc, ...; see
+    :mod:`relayrl.sandbox.view`): nothing else of the host exists in a sandbox."""
     limits: Limits = Limits()
     """Per-sandbox resource limits (see :class:`relayrl.sandbox.api.Limits`)."""
     max_parallel_tools: int = 8
@@ -137,7 +140,8 @@ def open_backend(name: str | None = None, *, section: SandboxSection | None = No
     """
     section = section or SandboxSection()
     options: dict[str, Any] = {"limits": section.limits, "require": section.require, "network": section.network,
-                               "root": section.root or None, "hide_paths": section.hide_paths}
+                               "root": section.root or None, "hide_paths": section.hide_paths,
+                               "expose_paths": section.expose_paths}
     options.update(overrides)
     name = name or section.backend
     if name != AUTO:

@@ -11,12 +11,15 @@ interpreter without ``site`` (it needs only the standard library, and starts in 
 
     python3 -I -S -c SOURCE SPEC_JSON
 
-It makes the whole host read-only (every mount, recursively; a mount that refuses is covered by an
-empty read-only tmpfs instead), mounts the private tmpfs directories, masks the hidden paths (the
-backend's list includes every unix socket bound on the host), prints ``ready`` and sleeps until it
-is killed. Its PID stays
-reserved for the sandbox's life: the backend never reaps it before ``release``, so the PID cannot be
-reused by another process while commands still enter it.
+It builds the sandbox's root from nothing (:mod:`relayrl.sandbox.view`): a small tmpfs in which the
+visible host paths are bind-mounted (the same symlinks where the host has symlinks, such as
+``/bin -> usr/bin``), the host's ``/dev`` and ``/proc`` (each command mounts a ``/proc`` of its own
+PID namespace over it), the workspace, private tmpfs directories and the masks; it pivots into that
+root, detaches the host's, makes every mount but the workspace and the private directories
+read-only (a mount that refuses is covered by an empty read-only tmpfs instead), prints ``ready``
+and sleeps until it is killed. Commands enter with ``nsenter --root``, so they start in that root.
+Its PID stays reserved for the sandbox's life: the backend never reaps it before ``release``, so
+the PID cannot be reused by another process while commands still enter it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import ctypes
 import errno
 import json
 import os
+import platform
 import sys
 
 __all__ = ["host_unix_sockets", "main", "mount_points"]
@@ -65,7 +69,10 @@ def host_unix_sockets(table: str = "/proc/net/unix") -> list[str]:
     return sorted(paths)
 
 
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC = 1, 2, 4, 8, 32, 4096, 8192, 16384
+MNT_DETACH = 2
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217, "riscv64": 41}
+"""pivot_root(2)'s syscall number (glibc has no wrapper); elsewhere the root is moved and chrooted."""
 _KEPT_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": 1024, "nodiratime": 2048,
                "relatime": 1 << 21, "strictatime": 1 << 24}
 _libc = ctypes.CDLL(None, use_errno=True)  # mount(2) directly: one call per mount, not one process
@@ -114,25 +121,68 @@ def _make_read_only(keep_writable: list[str]) -> list[str]:
     return covered
 
 
+def _expose(path: str, root: str) -> None:
+    """Make host ``path`` appear at the same place under ``root``: a symlink as the same symlink,
+    anything else bind-mounted (recursively: what is mounted below it comes along)."""
+    target = root + path
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    if os.path.islink(path):
+        os.symlink(os.readlink(path), target)
+        return
+    if os.path.isdir(path):
+        os.makedirs(target, exist_ok=True)
+    else:
+        open(target, "a").close()  # a file's mount point
+    _mount(path, target, None, MS_BIND | MS_REC)
+
+
+def _enter(root: str) -> None:
+    """Make ``root`` this mount namespace's root and detach the host's (nothing outside stays reachable)."""
+    os.chdir(root)
+    number = _PIVOT_ROOT.get(platform.machine())
+    if number is not None and _libc.syscall(ctypes.c_long(number), b".", b".") == 0:
+        # pivot_root(".", "."): the old root now sits on top of the new one; detaching it leaves the new.
+        if _libc.umount2(b".", MNT_DETACH) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"detaching the host's root: {os.strerror(error)}")
+    else:
+        _mount(root, "/", None, MS_MOVE)
+        os.chroot(".")
+    os.chdir("/")
+
+
 def main(spec: dict) -> None:
     """Set up the namespaces this process is in (see the module docstring), then hold them."""
+    # Found before the pivot: afterwards this interpreter's own standard library may be out of sight
+    # (nothing may be imported from here on).
+    sleep = next((os.path.join(directory, "sleep") for directory in ("/usr/bin", "/bin")
+                  if os.path.exists(os.path.join(directory, "sleep"))), "/bin/sleep")
     try:
-        for path in spec["keep_writable"]:  # its own mount (without a workspace tmpfs it is a plain directory)
-            _mount(path, path, None, MS_BIND)
-        _make_read_only(spec["keep_writable"])
+        root = spec["new_root"]
+        _mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+        for path in [*spec["visible"], "/dev", "/proc"]:
+            _expose(path, root)
+        for path in spec["covered"]:  # e.g. the sandboxes' root inside an exposed directory
+            _mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,mode=0755")
+        for path in spec["keep_writable"]:  # the workspace, at the same path as on the host
+            os.makedirs(root + path, exist_ok=True)
+            _mount(path, root + path, None, MS_BIND)
         for path in spec["private"]:
-            _mount("tmpfs", path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_size']},mode=1777")
+            os.makedirs(root + path, exist_ok=True)
+            _mount("tmpfs", root + path, "tmpfs", MS_NOSUID | MS_NODEV, f"size={spec['tmp_size']},mode=1777")
         for path in spec["hidden_directories"]:
-            if os.path.lexists(path):  # one removed since the host listed it has nothing left to hide
-                _mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+            if os.path.isdir(root + path) and not os.path.islink(root + path):
+                _mount("tmpfs", root + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
         for path in spec["hidden_files"]:
-            if os.path.lexists(path) and not os.path.isdir(path):
-                _mount("/dev/null", path, None, MS_BIND)
+            if os.path.lexists(root + path) and not os.path.isdir(root + path):
+                _mount("/dev/null", root + path, None, MS_BIND)
+        _enter(root)
+        _make_read_only([*spec["keep_writable"], *spec["private"]])
     except OSError as error:  # a secret that cannot be hidden, a host that stays writable: no sandbox
         raise SystemExit(str(error)) from None
     sys.stdout.write("ready\n")
     sys.stdout.flush()
-    os.execvp("sleep", ["sleep", "infinity"])
+    os.execv(sleep, ["sleep", "infinity"])
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ class SandboxBackendFactory(Protocol):
     host cannot provide)."""
 
     def __call__(self, *, limits: Limits | None = ..., require: Iterable[str] = ..., network: str = ...,
-                 root: str | None = ..., hide_paths: Iterable[str] = ...) -> SandboxBackend: ...
+                 root: str | None = ..., hide_paths: Iterable[str] = ...,
+                 expose_paths: Iterable[str] = ...) -> SandboxBackend: ...
 
 
 class ExploitDetector(Protocol):
@@ -46,7 +47,8 @@ class TaskSourceFactory(Protocol):
 def relayrl_sandbox_backends() -> Iterable[Registration[SandboxBackendFactory]]:
     """Sandbox backends, selected by ``[sandbox] backend = NAME``.
 
-    ``factory(*, limits: Limits, require: Iterable[str], network: str, root: str | None, hide_paths: list[str])`` returns a
+    ``factory(*, limits: Limits, require: Iterable[str], network: str, root: str | None, hide_paths: list[str],
+    expose_paths: list[str])`` returns a
     :class:`relayrl.sandbox.api.SandboxBackend`. It must refuse to start (raise
     :class:`relayrl.sandbox.api.SandboxUnavailable`) when the host cannot provide a required
     capability, and pass ``relayrl.sandbox.testing.SandboxTests``. Built in: ``process``.

@@ -26,7 +26,7 @@ import stat
 import subprocess
 import threading
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from relayrl.core.processes import start_time
@@ -42,8 +42,9 @@ from relayrl.sandbox.cgroups import CgroupError, SandboxCgroup
 from relayrl.sandbox.execution import StartSignal, run_wrapped
 from relayrl.sandbox.holder import host_unix_sockets
 from relayrl.sandbox.host import HostSupport, host_support
-from relayrl.sandbox.paths import read_beneath, relative_parts, walk_beneath, write_beneath
+from relayrl.sandbox.paths import read_beneath, read_chunks_beneath, relative_parts, walk_beneath, write_beneath
 from relayrl.sandbox.reaper import maybe_reap, write_owner
+from relayrl.sandbox.view import normalized, visible_paths, within
 
 __all__ = ["DEFAULT_ROOT", "SETUP_ATTEMPTS", "UID_RANGE", "LocalBackend", "LocalSandbox", "default_root"]
 
@@ -83,7 +84,7 @@ class LocalBackend(SandboxBackend):
     name = "local"
 
     def __init__(self, *, limits: Limits | None = None, require: Iterable[str] = (), network: str = "none",
-                 root: str | None = None, hide_paths: Iterable[str] = ()) -> None:
+                 root: str | None = None, hide_paths: Iterable[str] = (), expose_paths: Iterable[str] = ()) -> None:
         if network not in ("none", "host"):
             raise SandboxError(f"network must be 'none' or 'host', got {network!r}")
         self.limits = limits or Limits()
@@ -96,6 +97,9 @@ class LocalBackend(SandboxBackend):
         # The shipped tasks live in site-packages, world-readable: their hidden tests and gold
         # patches must never be readable from a sandbox.
         self.hide_paths = [str(Path(path).resolve()) for path in (*hide_paths, SHIPPED_TASKS)]
+        self.exposed: list[str] = []
+        """Host paths exposed to sandboxes besides the system's (:mod:`relayrl.sandbox.view`)."""
+        self.expose(expose_paths)
         self.support: HostSupport = host_support()
         provided, self.reasons = self.probe(self.support)
         if network == "host":
@@ -181,21 +185,38 @@ class LocalBackend(SandboxBackend):
         maybe_reap(self.root)  # sandboxes of owners that died without closing them (SIGKILL)
         return LocalSandbox(self, workspace, hide=hide)
 
+    def expose(self, paths: Iterable[str | Path]) -> None:
+        """Let sandboxes created from now on see host ``paths`` read-only (see :mod:`relayrl.sandbox.view`)."""
+        for path in paths:
+            for normal in normalized(path):
+                if normal not in self.exposed:
+                    self.exposed.append(normal)
+
+    def visible(self) -> list[str]:
+        """The host paths a sandbox sees read-only (the system's and the exposed ones that exist)."""
+        return visible_paths(self.exposed)
+
+    def covered(self, visible: list[str]) -> list[str]:
+        """Directories inside ``visible`` that a sandbox must see empty: the sandboxes' root (other
+        sandboxes' workspaces, graders' included), when an exposed path holds it."""
+        root = str(self.root.resolve())
+        return [root] if within(root, [path for path in visible if not os.path.islink(path)]) else []
+
     def masks(self, sandbox: LocalSandbox) -> tuple[list[str], list[str]]:
         """``(directories, files)`` to mask in ``sandbox``'s view of the host (existing paths only).
 
-        The hidden paths, and every unix socket bound on the host: connecting to one needs no write
-        access to its file system, so a read-only host does not stop it (abstract sockets belong to
-        the network namespace). A path below a masked directory, or below /tmp, /var/tmp or
-        /dev/shm (private in every sandbox), is dropped: it is already invisible, and mounting on it
-        would fail once its parent is covered.
+        The hidden paths, and every unix socket bound on the host (connecting to one needs no write
+        access to its file system), that lie in what a sandbox sees at all. A path below a masked
+        directory, or below /tmp, /var/tmp or /dev/shm (private in every sandbox), is dropped: it is
+        already invisible, and mounting on it would fail once its parent is covered.
         """
         directories: list[str] = list(_PRIVATE_MOUNTS)
         files: list[str] = []
         root = str(self.root.resolve())
+        visible = [path for path in self.visible() if not os.path.islink(path)]
         hidden = set(self.hide_paths) | set(sandbox.hide) | set(host_unix_sockets())
         for path in sorted(hidden, key=lambda item: (item.count("/"), item)):
-            if any(path == directory or path.startswith(directory + "/") for directory in directories):
+            if not within(path, visible) or within(path, directories):
                 continue
             if path == "/" or root == path or root.startswith(path + "/"):
                 continue  # masking it would hide the sandboxes themselves (a run directory holding the root)
@@ -348,6 +369,10 @@ class LocalSandbox(Sandbox):
     def read_file(self, path: str, *, limit: int | None = None) -> bytes:
         self._check_open()
         return read_beneath(str(self.workdir), path, limit=limit)
+
+    def read_chunks(self, path: str, *, chunk_bytes: int = 1 << 16, limit: int | None = None) -> Iterator[bytes]:
+        self._check_open()
+        yield from read_chunks_beneath(str(self.workdir), path, chunk_bytes=chunk_bytes, limit=limit)
 
     def write_file(self, path: str, data: bytes | str) -> None:
         self._check_open()

@@ -17,7 +17,7 @@ from pathlib import PurePosixPath
 
 from relayrl.sandbox.api import SandboxError
 
-__all__ = ["open_beneath", "read_beneath", "relative_parts", "walk_beneath", "write_beneath"]
+__all__ = ["open_beneath", "read_beneath", "read_chunks_beneath", "relative_parts", "walk_beneath", "write_beneath"]
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -97,6 +97,20 @@ def read_beneath(root: str, path: str, *, limit: int | None = None) -> bytes:
     fd = open_beneath(root, path, os.O_RDONLY | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as handle:
         return handle.read() if limit is None else handle.read(limit)
+
+
+def read_chunks_beneath(root: str, path: str, *, chunk_bytes: int, limit: int | None = None) -> Iterator[bytes]:
+    """:func:`read_beneath` in chunks of at most ``chunk_bytes``: one chunk in memory at a time."""
+    fd = open_beneath(root, path, os.O_RDONLY | os.O_NONBLOCK)
+    left = limit
+    with os.fdopen(fd, "rb") as handle:
+        while left is None or left > 0:
+            chunk = handle.read(chunk_bytes if left is None else min(chunk_bytes, left))
+            if not chunk:
+                return
+            if left is not None:
+                left -= len(chunk)
+            yield chunk
 
 
 def write_beneath(root: str, path: str, data: bytes, *, owner: tuple[int, int] | None = None) -> None:

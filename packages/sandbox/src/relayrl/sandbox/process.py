@@ -1,11 +1,12 @@
 """The built-in ``process`` backend: util-linux ``unshare``, ``prlimit`` and ``setpriv`` around the command.
 
 As root (the usual case on RL workers) each sandbox gets, once, a mount, an IPC and a network
-namespace, kept alive by a holder process (:mod:`relayrl.sandbox.holder`), in which every mount of
-the host is read-only, /tmp, /var/tmp, /dev/shm and the masked task data are private tmpfs, and the
-host's unix sockets are masked; then each command runs as::
+namespace, kept alive by a holder process (:mod:`relayrl.sandbox.holder`), whose root holds only
+what a sandbox may see (:mod:`relayrl.sandbox.view`: the system directories and exposed paths,
+read-only, and the workspace), /tmp, /var/tmp, /dev/shm and the masked task data are private tmpfs,
+and the host's unix sockets are masked; then each command runs as::
 
-    nsenter --target HOLDER --mount --ipc --net --
+    nsenter --target HOLDER --mount --root --ipc --net --
       unshare --pid --fork --kill-child --mount-proc -- /bin/sh -c 'cd -- "$0" || exit 126; "$@"' CWD
         prlimit --cpu=.. --fsize=.. --nofile=.. --nproc=.. [--as=..] --
           setpriv --reuid=U --regid=U --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all --
@@ -14,12 +15,12 @@ host's unix sockets are masked; then each command runs as::
 i.e. no network but its own (down) loopback, no SysV IPC object or POSIX message queue shared with
 the host or another sandbox, a PID namespace per command whose init is a shell
 (when the command returns the shell exits, and the kernel kills every process left in the
-namespace; ``--kill-child`` does the same when ``unshare`` is killed), a read-only view of the host
-with private /tmp, /var/tmp and /dev/shm (kept for the sandbox's life, like a machine's), hard
+namespace; ``--kill-child`` does the same when ``unshare`` is killed), a read-only allowlisted view
+of the host with private /tmp, /var/tmp and /dev/shm (kept for the sandbox's life, like a machine's), hard
 rlimits, and a per-sandbox uid without capabilities, so that it can neither undo the mounts nor
 write anything on the host but its workspace. Without root the holder runs in a user namespace of
 the caller's (``unshare --user --map-root-user``), which may own and remount mount namespaces: the
-same read-only host, private directories and masks, and commands that hold no capability in it;
+same allowlisted view, private directories and masks, and commands that hold no capability in it;
 what needs root (a uid per sandbox, cgroups, a tmpfs workspace) is reported missing.
 """
 
@@ -78,7 +79,11 @@ class ProcessBackend(LocalBackend):
         if not self._persistent():
             return
         hidden_directories, hidden_files = self.masks(sandbox)
-        spec = {"keep_writable": [str(sandbox.workdir)], "private": ["/tmp", "/var/tmp", "/dev/shm"],
+        new_root = sandbox.directory / "root"
+        new_root.mkdir(mode=0o755)
+        visible = self.visible()
+        spec = {"new_root": str(new_root), "visible": visible, "covered": self.covered(visible),
+                "keep_writable": [str(sandbox.workdir)], "private": ["/tmp", "/var/tmp", "/dev/shm"],
                 "tmp_size": min(self.limits.disk_bytes, self.limits.memory_bytes),
                 "hidden_directories": hidden_directories, "hidden_files": hidden_files}
         namespaces = [*([] if self.support.root else ["--user", "--map-root-user"]), "--mount", "--ipc",
@@ -115,8 +120,9 @@ class ProcessBackend(LocalBackend):
         if holder.returncode is not None or _state(holder.pid) in ("Z", "X", None):
             raise SandboxError(f"sandbox {sandbox.id}: its namespace holder (pid {holder.pid}) is gone")
         # The holder is never reaped before release(): its PID cannot name another process meanwhile.
+        # --root: the holder's root, the view it built (see relayrl.sandbox.holder), not the host's.
         enter = ["nsenter", f"--target={holder.pid}", *([] if self.support.root else ["--user", "--preserve-credentials"]),
-                 "--mount", "--ipc",
+                 "--mount", "--root", "--ipc",
                  *(["--net"] if self.network == "none" else [])]
         # A fresh PID namespace per command: its init is a shell, not the command (unshare 2.38
         # reports a signal death as status 1, and an init is shielded from its own signals);

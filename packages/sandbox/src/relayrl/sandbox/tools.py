@@ -18,11 +18,12 @@ import concurrent.futures
 import shlex
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from relayrl.core.wire import ToolCall, ToolResult
 from relayrl.sandbox.api import TRUNCATION_MARKER, Sandbox, SandboxError
+from relayrl.sandbox.local import BASE_ENV
 
 __all__ = ["TOOL_SCHEMAS", "ToolBox", "ToolError"]
 
@@ -71,8 +72,8 @@ class ToolBox:
         self.timeout_s = timeout_s
         self.max_output_bytes = max_output_bytes
         self.python = python
-        # Sandboxes see the host's binaries (read-only), so the host's answer is theirs.
-        self.ripgrep = shutil.which("rg") is not None
+        # Sandboxes see the host's system directories (read-only) and search the same PATH.
+        self.ripgrep = shutil.which("rg", path=BASE_ENV["PATH"]) is not None
         self.tools: dict[str, Callable[..., tuple[str, int, bool]]] = {
             "bash": self.bash, "read_file": self.read_file, "write_file": self.write_file, "edit": self.edit,
             "list": self.list, "grep": self.grep, "python": self.python_tool,
@@ -152,24 +153,56 @@ class ToolBox:
         data = self.sandbox.read_file(path, limit=self.max_file_bytes + 1)
         return data[:self.max_file_bytes], len(data) > self.max_file_bytes
 
+    def _lines(self, path: str, cut: list[bool]) -> Iterator[tuple[int, bytes]]:
+        """``(number, line)`` for each line of ``path`` (split at ``\\n`` only, as ``sed -n`` numbers
+        them; each cut to ``max_output_bytes``), streamed: the host holds one chunk and one line at a
+        time, whatever the file is. Past ``max_file_bytes`` it stops (the last, possibly partial,
+        line is not yielded) and appends True to ``cut``."""
+        cap, seen, number, partial = self.max_output_bytes, 0, 1, b""
+        for chunk in self.sandbox.read_chunks(path, chunk_bytes=1 << 16, limit=self.max_file_bytes + 1):
+            seen += len(chunk)
+            parts = chunk.split(b"\n")
+            for part in parts[:-1]:
+                yield number, (partial + part)[:cap] if partial else part[:cap]
+                number, partial = number + 1, b""
+            partial = (partial + parts[-1])[:cap]
+            if seen > self.max_file_bytes:
+                cut.append(True)
+                return
+        if partial:
+            yield number, partial
+
     def read_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> tuple[str, int, bool]:
-        """Lines ``start_line..end_line`` (1-based, inclusive) of ``path``, each prefixed with its number."""
+        """Lines ``start_line..end_line`` (1-based, inclusive) of ``path``, each prefixed with its number.
+
+        Streamed: the host's memory is bounded by what the call returns (a few times
+        ``max_output_bytes``), not by the file's size or line count.
+        """
         if start_line < 1 or (end_line is not None and end_line < start_line):
             raise ToolError(f"read_file {path}: invalid line range {start_line}..{end_line}")
-        data, cut = self._read(path)
-        lines = data.decode(errors="replace").splitlines()
-        if cut:
-            lines = lines[:-1]  # the last line may be partial
-            if start_line > len(lines):
+        selected: list[str] = []
+        budget, lines, cut, more = self.max_output_bytes, 0, [], False
+        for lines, line in self._lines(path, cut):
+            if lines < start_line:
+                continue  # before the range (or counting the lines for the message below)
+            if end_line is not None and lines > end_line:
+                break
+            if budget < 0:
+                more = True  # past what the output cap lets through
+                break
+            selected.append(line.decode(errors="replace").removesuffix("\r"))
+            budget -= len(selected[-1]) + 8
+        if not selected:
+            if cut and start_line > lines:
                 raise ToolError(f"read_file {path}: the file is larger than {self.max_file_bytes} bytes and line "
                                 f"{start_line} lies beyond them; use bash (sed -n) for it")
-        selected = lines[start_line - 1:end_line]
+            return f"({path} has {lines} lines)\n", 0, False
         width = len(str(start_line + len(selected)))
         text = "".join(f"{number:>{width}}\t{line}\n" for number, line in enumerate(selected, start_line))
-        if not text:
-            return f"({path} has {len(lines)} lines)\n", 0, False
         text, truncated = self._cut(text)
-        return text, 0, truncated
+        if more and not truncated:
+            text += f"[read_file: the output cap stops here; continue with start_line={start_line + len(selected)}]\n"
+        return text, 0, truncated or more
 
     def write_file(self, path: str, content: str) -> tuple[str, int, bool]:
         """Create or overwrite ``path`` (parents created)."""

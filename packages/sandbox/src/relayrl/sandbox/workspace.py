@@ -5,17 +5,13 @@ optionally ``path@revision``), deletes reference artifacts matching the globs an
 paths of the hidden tests, then replaces the git history with a single commit of that state: the
 agent can ``git diff`` its own work, and no earlier commit (the fix, the tests) can leak.
 
-:func:`workspace_diff` computes the agent's answer as a git-style diff of the pristine tree and the
-final workspace, on the host, without running git in the agent's tree: a planted ``.git/config``
-(``core.fsmonitor``, hooks, aliases) must never execute on the host, and a forged history must not
-hide edits.
+:func:`workspace_diff` (from :mod:`relayrl.sandbox.diffs`) computes the agent's answer as a git-style
+diff of the pristine tree and the final workspace, on the host, without running git in the agent's tree.
 """
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
-import hashlib
 import os
 import shutil
 import stat
@@ -26,6 +22,7 @@ from pathlib import Path
 
 from relayrl.core.wire import TaskSpec
 from relayrl.sandbox.api import SandboxError
+from relayrl.sandbox.diffs import workspace_diff
 from relayrl.sandbox.paths import walk_beneath
 
 __all__ = ["GIT_ENV", "INITIAL_COMMIT_MESSAGE", "apply_patch_locally", "hidden_test_paths", "matches_any",
@@ -171,85 +168,6 @@ def prepare_workspace(task: TaskSpec, destination: str | Path, *, reference_glob
     _git(["add", "--all", "--force"], destination)
     _git(["commit", "--quiet", "--allow-empty", "--no-verify", "-m", INITIAL_COMMIT_MESSAGE], destination)
     return removed
-
-
-# ------------------------------------------------------------------------------ diffs
-MAX_DIFF_FILE_BYTES = 1024 * 1024
-"""A file larger than this is not diffed as text (it is listed as binary, so it cannot be applied):
-the host's memory and time per answer stay bounded whatever the sandbox wrote (difflib is quadratic)."""
-
-
-def _entries(root: Path) -> dict[str, tuple[str, bytes]]:
-    """Regular files and symlinks below ``root`` (``.git`` excluded): path -> (kind, content).
-
-    A file over :data:`MAX_DIFF_FILE_BYTES` is represented by a marker and its SHA-256 (read in
-    blocks): unchanged, it compares equal; changed, its diff is a binary one.
-    """
-    entries = {}
-    for relative, info in walk_beneath(str(root)):
-        if relative == ".git" or relative.startswith(".git/"):
-            continue
-        if stat.S_ISLNK(info.st_mode):
-            entries[relative] = ("link", os.readlink(root / relative).encode())
-        elif stat.S_ISREG(info.st_mode):
-            fd = os.open(root / relative, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            with os.fdopen(fd, "rb") as handle:
-                content = handle.read(MAX_DIFF_FILE_BYTES + 1)
-                if len(content) > MAX_DIFF_FILE_BYTES:  # equal only to itself, and never decodable
-                    digest = hashlib.sha256(content)
-                    for block in iter(lambda: handle.read(1 << 20), b""):
-                        digest.update(block)
-                    content = _TOO_LARGE + digest.digest()
-            entries[relative] = ("exec" if info.st_mode & 0o111 else "file", content)
-    return entries
-
-
-_TOO_LARGE = b"\xff relayrl: larger than MAX_DIFF_FILE_BYTES"
-
-
-def _mode(kind: str) -> str:
-    return {"file": "100644", "exec": "100755", "link": "120000"}[kind]
-
-
-def _hunks(old: bytes, new: bytes, old_name: str, new_name: str) -> list[str]:
-    old_lines = old.decode().splitlines(keepends=True)
-    new_lines = new.decode().splitlines(keepends=True)
-    lines = []
-    for line in difflib.unified_diff(old_lines, new_lines, old_name, new_name, n=3):
-        if not line.endswith("\n"):
-            line += "\n\\ No newline at end of file\n"
-        lines.append(line)
-    return lines
-
-
-def workspace_diff(before: str | Path, after: str | Path) -> str:
-    """A ``git apply``-able diff turning tree ``before`` into tree ``after`` (``.git`` ignored).
-
-    Binary (non-UTF-8) changes are listed as ``Binary files ... differ`` and cannot be applied:
-    a code answer that needs them fails to apply, which grades as a failure.
-    """
-    old, new = _entries(Path(before)), _entries(Path(after))
-    out: list[str] = []
-    for path in sorted(set(old) | set(new)):
-        previous, current = old.get(path), new.get(path)
-        if previous == current:
-            continue
-        header = [f"diff --git a/{path} b/{path}\n"]
-        if previous is None:
-            header.append(f"new file mode {_mode(current[0])}\n")
-        elif current is None:
-            header.append(f"deleted file mode {_mode(previous[0])}\n")
-        elif previous[0] != current[0]:
-            header += [f"old mode {_mode(previous[0])}\n", f"new mode {_mode(current[0])}\n"]
-        old_bytes = previous[1] if previous else b""
-        new_bytes = current[1] if current else b""
-        try:
-            body = _hunks(old_bytes, new_bytes, f"a/{path}" if previous else "/dev/null",
-                          f"b/{path}" if current else "/dev/null") if old_bytes != new_bytes else []
-        except UnicodeDecodeError:
-            body = [f"Binary files a/{path} and b/{path} differ\n"]
-        out += header + body
-    return "".join(out)
 
 
 def apply_patch_locally(root: str | Path, patch: str) -> None:

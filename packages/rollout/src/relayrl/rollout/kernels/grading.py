@@ -126,6 +126,11 @@ class KernelGrader:
                 section = msgspec.structs.replace(
                     section, limits=msgspec.structs.replace(section.limits, address_space_bytes=-1))
             self._backend = open_backend(section=section, pm=self._pm)
+            # A sandbox sees the system directories only: the interpreter (a virtual environment with
+            # PyTorch, say) and, for a GPU, the device information its driver reads, are exposed.
+            from relayrl.sandbox.view import interpreter_paths
+
+            self._backend.expose([*interpreter_paths(self.python), *(["/sys"] if self.device.startswith("cuda") else [])])
             if self.device.startswith("cuda") and "memory-limit" not in self._backend.capabilities():
                 logger.warning("kernel grader: no memory cgroup on this host and no address-space limit under "
                                "CUDA: a candidate's host memory is bounded by its CPU and wall time only")

@@ -474,6 +474,46 @@ class SandboxTests:
         result = sandbox.exec(f"cat {SHIPPED}/bugfix/median/hidden_tests/tests/test_grading.py {SHIPPED}/bugfix/median/gold.patch")
         assert "TestMedianHidden" not in result.stdout and "diff --git" not in result.stdout
 
+    @staticmethod
+    @contextlib.contextmanager
+    def _world_readable_host_directory() -> Iterator[Path]:
+        """A world-readable directory outside the system directories holding ``SECRET`` (like another
+        task's data, a project checkout or a cache)."""
+        parent = Path("/srv") if os.geteuid() == 0 and Path("/srv").is_dir() else Path.home()
+        directory = parent / f"relayrl-host-data-{uuid.uuid4().hex}"
+        directory.mkdir()
+        try:
+            (directory / "SECRET").write_text("host data\n")
+            directory.chmod(0o755)
+            yield directory
+        finally:
+            shutil.rmtree(directory)
+
+    def test_hostile_host_paths_outside_the_allowlist_do_not_exist(self, backend, sandbox):
+        """Not hidden one by one: a sandbox's root holds the system directories, /dev, /proc, /tmp,
+        /var/tmp and the way to its workspace, and nothing else of the host."""
+        self.requires(backend, "readonly-system")
+        from relayrl.sandbox.view import SYSTEM_PATHS, visible_paths, within
+
+        checkout = Path(__file__).resolve().parents[1]  # relayrl's own source, wherever it is installed
+        with self._world_readable_host_directory() as data:
+            result = sandbox.exec(f"cat {data}/SECRET; ls {data} {checkout} {Path.home()} 2>&1; echo; ls -a /")
+        assert "host data" not in result.stdout and "SECRET" not in result.stdout
+        if not within(str(checkout), visible_paths([])):  # not installed into the system's own Python
+            assert "grading_runner.py" not in result.stdout
+        top = set(result.stdout.split("\n\n")[-1].split())
+        allowed = {Path(path).name for path in SYSTEM_PATHS} | {".", "..", "dev", "proc", "tmp", "var",
+                                                                 Path(sandbox.workdir).parts[1]}
+        assert top and top <= allowed, f"the sandbox sees host paths outside the allowlist: {sorted(top - allowed)}"
+
+    def test_exposed_host_paths_are_visible_read_only(self, backend, seed):
+        self.requires(backend, "readonly-system")
+        with self._world_readable_host_directory() as data:
+            backend.expose([data])
+            with backend.create(seed) as sandbox:
+                result = sandbox.exec(f"cat {data}/SECRET; echo planted > {data}/note 2>&1; ls {data}")
+            assert "host data" in result.stdout and not (data / "note").exists()
+
     def test_hostile_reading_root_only_host_files_fails(self, backend, sandbox):
         self.requires(backend, "unprivileged")
         result = sandbox.exec("cat /etc/shadow /root/.bash_history 2>&1; echo status=$?")
