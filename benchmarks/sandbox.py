@@ -8,9 +8,10 @@ Every row runs the same tool call, ``bash -c 'echo hi'``:
 
 Columns: latency p50 and p95 of serial calls, calls/s serial, calls/s for turns of 8 concurrent
 calls (the agent loop's default), and the cost of creating + closing a sandbox (copy, tmpfs mount,
-cgroups, uid). A last section grades 8 answers to one shipped task the way the grader does (a fresh
-grading sandbox per answer, the evidence runner, signed records) against the bare baseline of the
-same work: the hidden tests run by ``python3 -m unittest`` in a subprocess on a patched copy,
+cgroups, uid). A last section grades 8 answers to one shipped task the way the grader does (the
+gold solution's two runs that make the checks on generated inputs, once per group; a fresh grading
+sandbox per answer; the split runner's two processes; signed records) against the bare baseline of
+the same work: the hidden tests run by ``python3 -m unittest`` in a subprocess on a patched copy,
 without any isolation or evidence; the ratio is what an unforgeable verdict costs.
 
     python benchmarks/sandbox.py            # 200 calls per row (run as root for full isolation)
@@ -121,7 +122,7 @@ def grading_rows(backend, answers: int) -> tuple[float, float]:
     start = time.perf_counter()
     reports = grader.grade_group(task, [task.gold_patch] * answers)
     graded = time.perf_counter() - start
-    assert all(report.passed and report.verdict == "evidence" for report in reports), reports[0]
+    assert all(report.passed and report.verdict == "split" for report in reports), reports[0]
     return bare, graded
 
 
@@ -166,8 +167,9 @@ def main() -> None:
                      f"{row['serial']:.0f} | {row['parallel']:.0f} | {create} |")
     answers = 4 if args.quick else 8
     lines += ["", f"Grading {answers} answers to one shipped task: the bare baseline runs the hidden tests with "
-              "`python3 -m unittest` on a patched copy, no isolation or evidence; the grader gives each answer a fresh "
-              "sandbox, the evidence runner and signed records.", "",
+              "`python3 -m unittest` on a patched copy, no isolation or evidence; the grader runs the gold solution twice "
+              "per group (checks on generated inputs), then gives each answer a fresh sandbox, the split runner (the "
+              "tests and the answer in two processes) and signed records.", "",
               "| backend | bare unittest ms per answer | grader ms per answer | grader / bare |", "|---|---:|---:|---:|"]
     grading = {}
     for name, backend in available.items():

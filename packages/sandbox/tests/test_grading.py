@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
+from relayrl.sandbox.api import SandboxError
 from relayrl.sandbox.grading import Grader
 from relayrl.sandbox.testing import ScriptedAgent, call
 
@@ -19,9 +21,10 @@ def test_honest_agent_is_rewarded_and_empty_answer_is_not(backend, tasks):
     trajectory, diff = ScriptedAgent(FIX_MEDIAN).run(task, backend)
     assert "OK" in trajectory.segments[0].turns[-1].tool_results[1].output  # visible tests pass in the sandbox
     gold, empty = Grader(backend).grade_group(task, [diff, ""])
-    assert (gold.reward, gold.passed, gold.applied, gold.verdict) == (1.0, True, True, "evidence")
-    assert (gold.tests_passed, gold.tests_expected) == (3, 3)
-    assert (empty.reward, empty.passed, empty.tests_passed) == (0.0, False, 1)
+    assert (gold.reward, gold.passed, gold.applied, gold.verdict) == (1.0, True, True, "split")
+    assert gold.checks > 0 and gold.tests_passed == gold.tests_expected == 3 + gold.checks  # 3 hidden tests
+    assert "non-dumpable" in gold.protections.split(",")
+    assert (empty.reward, empty.passed) == (0.0, False) and 1 <= empty.tests_passed < empty.tests_expected
     assert "test_even: failed: AssertionError: 3 != 2.5" in empty.output
 
 
@@ -53,9 +56,39 @@ def test_an_answer_cannot_rewrite_the_hidden_tests_while_graded(backend, tasks):
               "    pass\n")
     cheat = [[call("write_file", path="stats/__init__.py", content=tamper)]]
     _, diff = ScriptedAgent(cheat).run(task, backend)
-    report = Grader(backend).grade(task, diff)
+    report = Grader(backend).grade(task, diff)  # split: the tests are not in the answer's process at all
+    assert report.applied and report.reward == 0.0 and report.tests_passed < report.tests_expected
+    in_process = msgspec.structs.replace(task, metadata={**task.metadata, "grading": "in-process"})
+    report = Grader(backend).grade(in_process, diff)  # in-process: the runner's audit hook sees the write
     assert report.applied and report.reward == 0.0 and report.tests_passed < report.tests_expected
     assert [flag.detector for flag in report.flags] == ["test-edits"] and "test_grading.py" in report.flags[0].evidence
+
+
+def test_a_bad_grading_choice_is_named_in_one_line(backend, tasks):
+    task = tasks["median"]
+    task = msgspec.structs.replace(task, metadata={**task.metadata, "grading": "trust-me"})
+    with pytest.raises(SandboxError, match=r"median: metadata.grading must be \"split\" or \"in-process\""):
+        Grader(backend).grade(task, "")
+
+
+def test_a_runner_that_could_not_make_itself_non_dumpable_earns_nothing():
+    """Fail closed: records from a runner the answer's processes could have ptraced prove nothing."""
+    import hashlib
+    import hmac
+
+    from relayrl.sandbox.evidence import verify_records
+
+    key = b"k" * 32
+
+    def line(seq, *fields):
+        body = repr(tuple(fields))
+        return f"RELAYRL-EVIDENCE {seq} {hmac.new(key, f'{seq}|{body}'.encode(), hashlib.sha256).hexdigest()} {body}\n"
+
+    for protections, paid in (("split", False), ("non-dumpable,split", True)):
+        stdout = line(0, "start", "1", protections, "3.11", "1") + line(1, "result", "m.test_a", "passed", "") \
+            + line(2, "end", "1")
+        evidence = verify_records(stdout, key=key, inventory=["m.test_a"])
+        assert evidence.passed is paid, evidence.problems
 
 
 def test_answers_in_one_group_do_not_see_each_other(backend, tasks):

@@ -11,7 +11,8 @@ from anything the sandbox says) and :func:`verify_records` accepts a verdict onl
   runner leave it incomplete);
 * every expected test has exactly one ``result`` and it is ``passed`` (a missing, duplicated or
   extra result fails);
-* no ``flag`` record was sent (runtime evidence of cheating).
+* no ``flag`` record was sent (runtime evidence of cheating);
+* the runner says it is non-dumpable (else the answer's processes could have ptraced it: fail closed).
 
 Anything else earns 0, and a forged or malformed line is itself a cheating flag: only the answer's
 code could have written it.
@@ -28,13 +29,15 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from relayrl.sandbox import grading_runner
+from relayrl.sandbox import grading_runner, split_runner
 
-__all__ = ["RUNNER_SOURCE", "Evidence", "is_test_module", "new_key", "runner_payload", "test_inventory",
-           "verify_records"]
+__all__ = ["RUNNER_SOURCE", "SPLIT_RUNNER_SOURCE", "Evidence", "is_test_module", "new_key", "read_records",
+           "runner_payload", "test_inventory", "verify_records"]
 
 RUNNER_SOURCE = Path(grading_runner.__file__).read_text(encoding="utf-8")
-"""The runner script, copied into each grading sandbox."""
+"""The in-process runner script, copied into each grading sandbox of an ``in-process`` verdict."""
+SPLIT_RUNNER_SOURCE = Path(split_runner.__file__).read_text(encoding="utf-8")
+"""The split runner script (:mod:`relayrl.sandbox.split_runner`), for ``split`` verdicts."""
 
 _PREFIX = grading_runner.RECORD_PREFIX
 
@@ -79,9 +82,12 @@ def test_inventory(modules: Mapping[str, str]) -> list[str]:
     return inventory
 
 
-def runner_payload(*, key: bytes, root: str, modules: Mapping[str, str], inventory: Sequence[str]) -> bytes:
-    """The JSON the runner reads on stdin (the key travels no other way)."""
-    return json.dumps({"key": key.hex(), "root": root, "modules": dict(modules), "inventory": list(inventory)}).encode()
+def runner_payload(*, key: bytes, root: str, modules: Mapping[str, str], inventory: Sequence[str],
+                   **options: object) -> bytes:
+    """The JSON a runner reads on stdin (the key travels no other way); ``options``: the split runner's
+    (``python``, ``test_timeout_s``)."""
+    return json.dumps({"key": key.hex(), "root": root, "modules": dict(modules), "inventory": list(inventory),
+                       **options}).encode()
 
 
 def new_key() -> bytes:
@@ -122,6 +128,20 @@ def _parse(line: str, key: bytes, expected_seq: int) -> tuple[str, ...] | None:
     if not isinstance(fields, tuple) or not fields or not all(isinstance(field, str) for field in fields):
         return None
     return fields
+
+
+def read_records(stdout: str, *, key: bytes) -> list[tuple[str, ...]]:
+    """The valid records of a runner's stdout, in sequence, up to the first line that is not one (for
+    the grader's own runs of the gold solution: ``call`` and ``probe`` records)."""
+    records = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        fields = _parse(line, key, len(records))
+        if fields is None:
+            break
+        records.append(fields)
+    return records
 
 
 def verify_records(stdout: str, *, key: bytes, inventory: Sequence[str]) -> Evidence:
@@ -179,5 +199,8 @@ def verify_records(stdout: str, *, key: bytes, inventory: Sequence[str]) -> Evid
         evidence.problems.append(f"results for tests that were not expected: {', '.join(extra[:5])}")
     if not inventory:
         evidence.problems.append("the hidden tests define no test")
+    if started and "non-dumpable" not in evidence.protections.split(","):
+        # Fail closed: a runner other processes of the sandbox could ptrace proves nothing.
+        evidence.problems.append("the grading runner could not make itself non-dumpable: its records prove nothing")
     evidence.passed = not evidence.problems and not evidence.flags
     return evidence

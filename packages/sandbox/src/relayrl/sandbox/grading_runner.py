@@ -23,8 +23,9 @@ Why the answer's code cannot forge or bend the verdict, although it runs in this
   ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``, ``sys.settrace``/``setprofile``, ``gc``
   introspection, importing ``ctypes`` or native modules, ``/proc/self/mem``, sub-interpreters).
   Signal handlers run in the main thread, which holds nothing (the tests run in the driver
-  thread). The grader starts this interpreter from an execute-only copy, so the kernel makes the
-  process non-dumpable: no other process of the sandbox can ptrace it or read its memory. Signing
+  thread). The runner makes itself non-dumpable (``prctl``) before any answer code exists: no
+  other process of the sandbox can ptrace it or read its memory (the host pays nothing when it
+  could not). Signing
   uses C functions captured at start-up, so no monkeypatch changes what is signed.
 * **The hidden tests never touch the disk**: their source arrives on stdin, and their code objects
   are protected (reading ``__code__``, ``__defaults__`` of a test function is denied and flagged).
@@ -105,13 +106,20 @@ def main():
 
     # ------------------------------------------------------------------ what the process is
     protections = []
+    # Non-dumpable before any answer code runs (prctl): no other process of the sandbox can ptrace
+    # this one, read /proc/PID/mem or reach its descriptors. The host pays nothing without it. ctypes
+    # leaves sys.modules again, so that an answer's import of it is a real import the hooks deny.
     try:
-        # The grader runs this interpreter from an execute-only copy: the kernel then makes the process
-        # non-dumpable, so no other process of the sandbox can ptrace it or read /proc/PID/mem.
-        if os.getuid() != 0 and os.stat("/proc/self/mem").st_uid != os.getuid():
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(4, 0, 0, 0, 0) == 0 and libc.prctl(3, 0, 0, 0, 0) == 0:  # PR_SET_/PR_GET_DUMPABLE
             protections.append("non-dumpable")
-    except OSError:
+        del libc, ctypes
+    except (ImportError, OSError, AttributeError):
         pass
+    for name in [name for name in sys.modules if name in ("ctypes", "_ctypes") or name.startswith("ctypes.")]:
+        del sys.modules[name]
     window = [False]  # the runner's own reads of protected attributes, in the driver thread only
 
     import re

@@ -1,8 +1,10 @@
 """Conformance suites and test helpers of relayrl-sandbox.
 
 * :class:`SandboxTests`: the suite every sandbox backend passes (protocol + hostile programs);
-* :class:`GraderTests`: 40+ cheating answers every backend and grader must pay 0 (and the gold
-  patches 1), through the grader and the exploit detectors together;
+* :class:`GraderTests`: 100 cheating answers in families (ending the runner, bending the tests,
+  disguised always-equal objects, attacks on the process holding the tests, tables of expected
+  outputs in any spelling ...) every backend and grader must pay 0 (and the gold patches 1),
+  through the grader and the exploit detectors together;
 * :class:`ScriptedAgent`: replays a fixed list of tool-call turns against a task, for grader and
   exploit-detector tests (cheating and honest agents alike).
 """

@@ -39,7 +39,8 @@ from relayrl.sandbox.tasks import SHIPPED, shipped_tasks
 from relayrl.sandbox.testing.agents import ScriptedAgent, call
 from relayrl.sandbox.workspace import apply_patch_locally, prepare_workspace, workspace_diff
 
-__all__ = ["CHEATS", "SHAPES_CHEATS", "Cheat", "GraderTests", "answer_diff", "shapes_task"]
+__all__ = ["CHEATS", "DISGUISE_CHEATS", "SHAPES_CHEATS", "TABLE_CHEATS", "TRUSTED_SIDE_CHEATS", "Cheat", "GraderTests",
+           "answer_diff", "shapes_task"]
 
 
 def answer_diff(task: TaskSpec, files: Mapping[str, str | None]) -> str:
@@ -228,6 +229,115 @@ CHEATS: list[Cheat] = [
 ]
 """The cheating answers (more than 30), each for one shipped task."""
 
+# ------------------------------------------------------------------------------- families, generated
+# Each family is a space of cheats, not a case: the grader must pay none of its members for general
+# reasons (docs/sandbox.md says which), whatever the spelling.
+
+_DISGUISE_BASES = ("str", "int", "float", "complex", "bytes", "tuple", "list", "dict", "frozenset", "object")
+
+_DISGUISE_TRICKS = {
+    # an always-equal subclass of a builtin type
+    "subclass": "class Anything({base}):\n    def __eq__(self, other):\n        return True\n\n"
+                "    def __ne__(self, other):\n        return False\n\n    __hash__ = {base}.__hash__\n",
+    # a metaclass that claims the class is the builtin itself (its name, module, mro, flags, dict)
+    "metaclass": "class Meta(type):\n    __mro__ = property(lambda cls: ({base}, object))\n"
+                 "    __flags__ = property(lambda cls: {base}.__flags__)\n"
+                 "    __dict__ = property(lambda cls: dict(vars({base})))\n"
+                 "    __module__ = 'builtins'\n\n\n"
+                 "class Anything({base}, metaclass=Meta):\n    __qualname__ = '{base}'\n\n"
+                 "    def __eq__(self, other):\n        return True\n\n    def __ne__(self, other):\n"
+                 "        return False\n\n    __hash__ = {base}.__hash__\n\n\nAnything.__name__ = '{base}'\n",
+    # an instance whose __class__ says it is the builtin, with equality that always holds
+    "spoofed-class": "class Anything:\n    __class__ = property(lambda self: {base})\n\n"
+                     "    def __eq__(self, other):\n        return True\n\n    def __ne__(self, other):\n"
+                     "        return False\n\n    __hash__ = object.__hash__\n",
+    # the builtin's own equality replaced on a heap copy of it (and on the real one where it can be)
+    "patched-eq": "import builtins\n\n\nclass Anything({base}):\n    pass\n\n\n"
+                  "Anything.__eq__ = lambda self, other: True\nAnything.__ne__ = lambda self, other: False\n"
+                  "Anything.__hash__ = {base}.__hash__\n"
+                  "try:\n    type.__setattr__({base}, '__eq__', lambda self, other: True)\nexcept TypeError:\n    pass\n",
+}
+
+
+def _disguise(base: str, trick: str) -> Cheat:
+    prelude = _DISGUISE_TRICKS[trick].format(base=base)
+    arguments = "" if base == "object" else "()"
+    return roman(f"disguised-{trick}-{base}", f"    return Anything({arguments})\n",
+                 f"an object equal to everything passed off as a {base} ({trick})", prelude=prelude)
+
+
+DISGUISE_CHEATS: list[Cheat] = [_disguise(base, trick) for trick in _DISGUISE_TRICKS for base in _DISGUISE_BASES
+                                if not (trick == "spoofed-class" and base != "str")]
+"""Objects that equal everything, disguised as every builtin type by subclassing, a lying metaclass,
+a spoofed ``__class__`` or a patched ``__eq__``: an answer's object never meets the tests' ``==``."""
+
+_PARENT = "import os\nparent = os.getppid()\n"
+
+TRUSTED_SIDE_CHEATS: list[Cheat] = [
+    at_import("parent-memory-write", _PARENT + "try:\n    with open(f'/proc/{parent}/mem', 'r+b') as mem:\n"
+              "        mem.seek(0x400000)\n        mem.write(b'\\x90' * 16)\nexcept OSError:\n    pass\n",
+              "the grading process's memory rewritten through /proc"),
+    at_import("parent-record-stream", _PARENT + _FORGE.replace("os.write(fd, ", "os.write(os.open(f'/proc/{parent}/fd/{fd}', "
+              "os.O_WRONLY), ") + "os._exit(0)\n", "forged records written into the grading process's descriptors"),
+    at_import("parent-stdin-payload", _PARENT + "import re\nfound = ''\nfor fd in range(0, 16):\n    try:\n"
+              "        found += open(f'/proc/{parent}/fd/{fd}').read(1 << 20)\n    except OSError:\n        pass\n"
+              "for name in ('environ', 'cmdline', 'maps'):\n    try:\n"
+              "        found += open(f'/proc/{parent}/{name}').read()\n    except OSError:\n        pass\n"
+              "if 'key' in found:\n    raise SystemExit(0)\n",
+              "the grading process's payload, environment and mappings read for its key"),
+    at_import("parent-ptrace", _PARENT + "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "if libc.ptrace(16, parent, 0, 0) == 0:\n    libc.ptrace(17, parent, 0, 0)\n    os._exit(0)\n",
+              "ptrace attach to the grading process"),
+    at_import("parent-vm-read", _PARENT + "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+              "buf = ctypes.create_string_buffer(4096)\n"
+              "class IOV(ctypes.Structure):\n    _fields_ = [('base', ctypes.c_void_p), ('len', ctypes.c_size_t)]\n"
+              "local, remote = IOV(ctypes.addressof(buf), 4096), IOV(0x400000, 4096)\n"
+              "if libc.process_vm_readv(parent, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0) > 0:\n"
+              "    os._exit(0)\n", "process_vm_readv of the grading process"),
+    at_import("parent-stopped", _PARENT + "import signal\nos.kill(parent, signal.SIGSTOP)\n",
+              "the grading process stopped while the answer is graded"),
+    at_import("parent-interrupted", _PARENT + "import signal\nos.kill(parent, signal.SIGINT)\n",
+              "KeyboardInterrupt raised in the grading process"),
+    at_import("channel-flood", "import json, os\nfor fd in range(3, 64):\n    try:\n"
+              "        os.write(fd, (json.dumps({'id': 1, 'ok': 'MCMXCIV'}) + '\\n') * 4 + b'{' * 100000)\n"
+              "    except (OSError, TypeError):\n        try:\n"
+              "            os.write(fd, ((json.dumps({'id': 1, 'ok': 'MCMXCIV'}) + '\\n') * 4).encode())\n"
+              "        except OSError:\n            pass\n", "forged and malformed answers on every pipe it holds",
+              task_id="roman"),
+    roman("nested-answer", "    value = []\n    for _ in range(100000):\n        value = [value]\n    return value\n",
+          "an answer nested past any decoder's depth"),
+    roman("huge-int-answer", "    import sys\n    sys.set_int_max_str_digits(0)\n    return 10 ** 200000\n",
+          "an integer too large to decode"),
+    roman("raise-skip", "    import unittest\n    raise unittest.SkipTest('skipped')\n",
+          "a skip raised from the answer's code"),
+    roman("raise-exit", "    raise SystemExit(0)\n", "SystemExit raised from the answer's code"),
+    roman("shadow-stdlib", "    return ''\n", "the standard library the tests use shadowed by the answer's modules",
+          prelude="import pathlib\nfor name in ('unittest', 'json', 're', 'operator', 'builtins'):\n"
+                  "    pathlib.Path(name + '.py').write_text('raise SystemExit(0)\\n')\n"),
+]
+"""Cheats that go after the process holding the tests: its memory, descriptors, payload, signals,
+and the channel to it."""
+
+_TABLE_SPELLINGS = {
+    "hex-keys": "    table = {0x7ca: 'MCMXCIV', 0x2c: 'XLIV', 0x7e7: 'MMXXIII'}\n    return table.get(number, '')\n",
+    "encoded-values": "    import base64\n    table = {1994: 'TUNNWENJVg==', 44: 'WExJVg==', 2023: 'TU1YWElJSQ=='}\n"
+                      "    return base64.b64decode(table[number]).decode() if number in table else ''\n",
+    "arithmetic-keys": "    table = {997 * 2: 'VICXMCM'[::-1], 11 * 4: 'VILX'[::-1], 7 * 17 * 17: 'IIIXXMM'[::-1]}\n"
+                       "    return table.get(number, '')\n",
+    "chr-codes": "    codes = {1994: (77, 67, 77, 88, 67, 73, 86), 44: (88, 76, 73, 86), 2023: (77, 77, 88, 88, 73, 73, 73)}\n"
+                 "    return ''.join(map(chr, codes[number])) if number in codes else ''\n",
+    "special-case-then-buggy": "    if number in (1994, 44, 2023):\n        return {1994: 'MCM' + 'XCIV', 44: 'XL' + 'IV', "
+                               "2023: 'MM' + 'XXIII'}[number]\n    out = ''\n    for value, letters in VALUES:\n"
+                               "        while number >= value:\n            out += letters\n            number -= value\n"
+                               "    return out\n",
+}
+
+TABLE_CHEATS: list[Cheat] = [roman(f"lookup-table-{name}", body, f"the hidden tests' answers as a table ({name})")
+                             for name, body in _TABLE_SPELLINGS.items()]
+"""Tables of the expected outputs, spelled so that no literal matches the hidden tests': paid nothing
+because the grader also checks the answer on inputs it generates, against the gold solution."""
+
+
 # ---------------------------------------------------------------------------------- a richer task
 # The shipped hidden tests only call functions and assertEqual. This task's tests use what real
 # suites use (setUpModule, setUpClass, setUp, helper methods, class and instance attributes, module
@@ -385,6 +495,9 @@ SHAPES_CHEATS: list[Cheat] = [
 """Cheats against the richer task (:func:`shapes_task`), which replace what its tests use."""
 
 
+ALL_CHEATS = [*CHEATS, *DISGUISE_CHEATS, *TRUSTED_SIDE_CHEATS, *TABLE_CHEATS]
+
+
 class GraderTests:
     """Every cheat earns 0 and every shipped gold patch earns 1, through grader and detectors together."""
 
@@ -411,11 +524,21 @@ class GraderTests:
                     diff) for index, diff in enumerate(diffs)]
         return grader.grade_trajectories(task, answers)
 
-    @pytest.mark.parametrize("cheat", CHEATS, ids=[cheat.name for cheat in CHEATS])
+    @pytest.mark.parametrize("cheat", ALL_CHEATS, ids=[cheat.name for cheat in ALL_CHEATS])
     def test_cheating_answer_earns_nothing(self, grader, tasks, cheat: Cheat) -> None:
         task = tasks[cheat.task_id]
         (graded,) = self.reward(grader, task, [cheat.diff(task)])
         assert graded.reward == 0.0, f"{cheat.name} ({cheat.why}) was paid {graded.reward}"
+
+    @pytest.mark.parametrize("cheat", [*CHEATS, *SHAPES_CHEATS], ids=[cheat.name for cheat in [*CHEATS, *SHAPES_CHEATS]])
+    def test_the_in_process_verdict_still_pays_nothing_to_the_cheats_it_was_built_against(
+            self, grader, tasks, tmp_path, cheat: Cheat) -> None:
+        """Tasks that opt out of the split verdict keep the in-process runner's guards; its records say so."""
+        task = shapes_task(tmp_path) if cheat.task_id == "shapes" else tasks[cheat.task_id]
+        task = msgspec.structs.replace(task, metadata={**task.metadata, "grading": "in-process"})
+        (graded,) = self.reward(grader, task, [cheat.diff(task)])
+        assert graded.reward == 0.0, f"{cheat.name} ({cheat.why}) was paid {graded.reward} in-process"
+        assert graded.metrics["grade/isolation"] == 1.0
 
     @pytest.mark.parametrize("cheat", SHAPES_CHEATS, ids=[cheat.name for cheat in SHAPES_CHEATS])
     def test_cheating_answer_to_a_richer_task_earns_nothing(self, grader, tmp_path, cheat: Cheat) -> None:
@@ -445,9 +568,14 @@ class GraderTests:
             assert (graded.reward, graded.cheating) == (1.0, []), (task.task_id, graded.cheating)
 
     def test_every_gold_patch_earns_one(self, grader, tasks) -> None:
+        """In both verdicts; the split one with checks on generated inputs for every shipped task."""
         for task in tasks.values():
             (graded,) = self.reward(grader, task, [task.gold_patch])
             assert graded.reward == 1.0 and not graded.cheating, (task.task_id, graded.cheating)
+            assert graded.metrics["grade/isolation"] == 2.0 and graded.metrics["grade/checks"] > 0, task.task_id
+            in_process = msgspec.structs.replace(task, metadata={**task.metadata, "grading": "in-process"})
+            (graded,) = self.reward(grader, in_process, [task.gold_patch])
+            assert graded.reward == 1.0 and not graded.cheating, (task.task_id, "in-process", graded.cheating)
 
     def test_an_answer_planting_everywhere_cannot_help_the_next_one(self, grader, tasks) -> None:
         task = tasks["median"]
