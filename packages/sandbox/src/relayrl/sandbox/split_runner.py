@@ -312,8 +312,8 @@ def worker(root):
             except BaseException as error:  # every failure of the answer's code is the driver's to see
                 try:
                     reply = {"id": number, "raise": error_of(error)}
-                except BaseException:  # an error that cannot even be described
-                    reply = {"id": number, "raise": {"class": {"bi": "RuntimeError"}, "args": [], "text": "?"}}
+                except BaseException:  # an error that cannot even be described: the driver makes it a RuntimeError
+                    reply = {"id": number, "raise": {"class": None, "args": [], "text": "an undescribable error"}}
             channel.send(reply)
 
     serve()
