@@ -689,15 +689,21 @@ def test_a_corrupt_weight_object_is_repaired_by_a_fresh_snapshot_not_retried_for
     publisher.close()
 
 
-def test_a_corrupt_bridge_needs_no_repair_the_snapshot_route_is_intact(store):
+def _engine_at_3_then_a_snapshot_with_a_bridge(store):
+    """Versions 1-3, an engine serving 3, then version 4: a snapshot whose bridge delta starts from 3."""
     publisher = Publisher(store, keep_versions=0, snapshot_every_versions=3)
     publish(publisher, 1, 2, 3)
     engine = fresh_engine()
     controller = Controller(store, engine)
     controller.update_to(3)
-    publish(publisher, 4)  # a snapshot, with a bridge delta from 3
+    publish(publisher, 4)
     manifest = WeightBus(store).read_manifest(4, cached=False)
     assert manifest.kind == "full"
+    return publisher, engine, controller, manifest
+
+
+def test_a_corrupt_bridge_needs_no_repair_the_snapshot_route_is_intact(store):
+    publisher, engine, controller, manifest = _engine_at_3_then_a_snapshot_with_a_bridge(store)
     bridge = WeightBus(store).read_bridge(manifest)
     _flip_two_bytes(store, bridge.tensors[0].object_key)
     report = controller.poll_once()
@@ -756,16 +762,11 @@ def test_a_manifest_whose_parent_chain_loops_or_points_forward_is_corrupt_not_fo
 
 
 def test_a_bridge_that_points_at_its_own_snapshot_is_skipped_not_followed(store):
-    publisher = Publisher(store, keep_versions=0, snapshot_every_versions=3)
-    publish(publisher, 1, 2, 3)
-    engine = fresh_engine()
-    controller = Controller(store, engine)
-    controller.update_to(3)
-    publish(publisher, 4)  # a snapshot, with a bridge delta from 3
-    manifest = WeightBus(store).read_manifest(4, cached=False)
+    publisher, engine, controller, manifest = _engine_at_3_then_a_snapshot_with_a_bridge(store)
     _rewrite_manifest(store, manifest.metadata["bridge"], parent=4)
     report = _finishes(controller.poll_once)
     assert report.route == "snapshot" and engine_equals(engine, state(4))
+    assert not WeightBus(store).repair_requests()
     publisher.close()
 
 

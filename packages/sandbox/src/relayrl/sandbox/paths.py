@@ -94,13 +94,12 @@ def open_beneath(root: str, path: str, flags: int, mode: int = 0o644, *,
 
 def read_beneath(root: str, path: str, *, limit: int | None = None) -> bytes:
     """The bytes of ``root/path`` (at most ``limit``): a regular file only, never blocking on a FIFO."""
-    fd = open_beneath(root, path, os.O_RDONLY | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as handle:
-        return handle.read() if limit is None else handle.read(limit)
+    return b"".join(read_chunks_beneath(root, path, chunk_bytes=1 << 20, limit=limit))
 
 
 def read_chunks_beneath(root: str, path: str, *, chunk_bytes: int, limit: int | None = None) -> Iterator[bytes]:
-    """:func:`read_beneath` in chunks of at most ``chunk_bytes``: one chunk in memory at a time."""
+    """The bytes of ``root/path`` (at most ``limit``) in chunks of at most ``chunk_bytes``, one in memory
+    at a time: a regular file only, never blocking on a FIFO."""
     fd = open_beneath(root, path, os.O_RDONLY | os.O_NONBLOCK)
     left = limit
     with os.fdopen(fd, "rb") as handle:

@@ -35,7 +35,7 @@ MAX_CHECKS = 24
 """The most generated inputs per group of answers (each costs two calls of the gold solution, one of the answer)."""
 VARIANTS_PER_CALL = 4
 
-_ENCODE, _DECODE = split_runner._codec()  # the runner's wire format: what the calls were recorded in
+_ENCODE, _DECODE = split_runner.wire_codec()  # the runner's wire format: what the calls were recorded in
 
 
 def _plain_only(tag: str, body: Any) -> Any:

@@ -30,6 +30,13 @@ It reports like :mod:`relayrl.sandbox.grading_runner` (the host verifies both th
 original stdout, which the worker never holds.
 """
 
+import base64
+import json
+import math
+import os
+import select
+import time
+
 RECORD_PREFIX = "RELAYRL-EVIDENCE"
 PROTOCOL = "1"
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -39,9 +46,8 @@ MAX_DEPTH = 100
 # ---------------------------------------------------------------------------------------- wire
 # Plain data as JSON: lists are lists, everything else is a one-key object naming its type.
 
-def _codec():
-    import base64
-    import math
+def wire_codec():
+    """``(encode, decode)`` of plain data (the probes on the host speak it too)."""
 
     def encode(value, handle_of, depth=0):
         """``value`` as JSON-able data; what is not plain data becomes ``handle_of(value)``."""
@@ -118,20 +124,12 @@ class _Channel:
         self.read_fd, self.write_fd, self.buffer = read_fd, write_fd, b""
 
     def send(self, message):
-        import json
-        import os
-
         data = (json.dumps(message, separators=(",", ":")) + "\n").encode()
         while data:
             data = data[os.write(self.write_fd, data):]
 
     def receive(self, deadline=None):
         """The next message; TimeoutError past ``deadline`` (time.monotonic), EOFError when closed."""
-        import json
-        import os
-        import select
-        import time
-
         while b"\n" not in self.buffer:
             if len(self.buffer) > MAX_MESSAGE_BYTES:
                 raise ValueError("a message larger than the limit")
@@ -156,7 +154,6 @@ def worker(root):
     import builtins
     import importlib
     import operator
-    import os
     import sys
 
     channel = _Channel(os.dup(0), os.dup(1))
@@ -168,7 +165,7 @@ def worker(root):
     site = [index for index, entry in enumerate(sys.path) if "-packages" in entry]
     sys.path.insert(site[0] if site else len(sys.path), root)
     os.chdir(root)
-    encode, decode = _codec()
+    encode, decode = wire_codec()
     objects, ids = {}, {}
     counter = [0]
     callbacks = {}
@@ -327,12 +324,8 @@ def driver():
     import ctypes
     import importlib.abc
     import importlib.machinery
-    import json
-    import math
-    import os
     import subprocess
     import sys
-    import time
     import types
     import unittest
 
@@ -353,6 +346,8 @@ def driver():
     os.dup2(2, 1)  # the tests' own prints go to stderr; the record stream is ours alone
     os.close(null)
 
+    # Reading the payload and signing records as grading_runner.main does: both are scripts copied
+    # alone into a sandbox, so they cannot share code; evidence.verify_records is their one reader.
     sequence = [0]
 
     def emit(*fields):
@@ -372,7 +367,7 @@ def driver():
         protections.append("non-dumpable")
     protections.append("split")
 
-    encode, decode = _codec()
+    encode, decode = wire_codec()
 
     class Unverifiable(TypeError):
         """An object of the answer met a comparison, a truth test or a hash in the trusted process."""
