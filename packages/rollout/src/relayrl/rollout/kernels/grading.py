@@ -52,6 +52,9 @@ class KernelReport(msgspec.Struct, kw_only=True):
     rounds: int = 0
     reference_call_s: float | None = None
     candidate_call_s: float | None = None
+    disturbed_rounds: int = 0
+    """Timed rounds whose reference ran far longer in wall time than on the CPU (stopped or preempted;
+    on the CPU its time is its CPU time, so this is evidence, not an error)."""
     flags: list[dict[str, str]] = []
     message: str = ""
     stderr: str = ""

@@ -60,7 +60,8 @@ BLOCKED_EVENTS = ("open", "os.system", "os.fork", "os.forkpty", "os.posix_spawn"
                   "mmap.__new__", "import", "compile", "exec", "code.__new__", "function.__new__",
                   "object.__setattr__", "object.__delattr__", "sys.addaudithook", "os.remove", "os.rename",
                   "os.truncate", "shutil.rmtree", "os.listdir", "os.scandir", "glob.glob", "os.walk",
-                  "resource.setrlimit", "os.sched_setaffinity", "os.nice", "os.setpriority")
+                  "resource.setrlimit", "os.sched_setaffinity", "os.nice", "os.setpriority", "sys._getframe",
+                  "sys._getframemodulename", "object.__getattr__", "fcntl.fcntl", "fcntl.ioctl")
 MALLOC_SETTINGS = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
                    "MALLOC_TOP_PAD_": str(64 << 20)}
 """glibc's allocator, fixed for both workers: by default its mmap threshold adapts to the sizes a
@@ -81,7 +82,11 @@ LOW_PRECISION = {"rtol": 2e-2, "atol": 2e-3}
 (or a lower-precision shortcut) gives: flagged as ``lower-precision`` rather than merely wrong."""
 OUTSIDE_CPU_SLACK_S = 0.01
 """CPU seconds a candidate worker may spend outside its timed batches beyond what the reference
-worker spent on the same untimed steps (reading commands, digests; interpreter noise)."""
+worker spent on the same untimed steps (reading commands, digests; interpreter noise) before it is
+flagged. Below that it is not free: see :data:`CHARGE_SLACK_S`."""
+CHARGE_SLACK_S = 0.0005
+"""Untimed CPU seconds per round beyond the reference's that are not charged to the candidate's time
+(the two workers' noise on identical untimed steps); every second past it is."""
 
 
 # ----------------------------------------------------------------------------- framing
@@ -181,7 +186,7 @@ class Framework:
         """Remember the functions the worker's own code runs on (taken just before the candidate's
         source runs): this script's, the standard library's it uses, the framework's, and the tensor
         class's methods. :meth:`tampered` names any the candidate replaced since."""
-        names = ["__main__", "builtins", "json", "struct", "os", "math", "mmap", "numpy"]
+        names = ["__main__", "builtins", "json", "struct", "os", "math", "mmap", "time", "select", "numpy"]
         if self.name == "torch":
             names += ["torch", "torch.cuda"]
         namespaces = {name: vars(sys.modules[name]) for name in names if name in sys.modules}
@@ -216,9 +221,10 @@ class Framework:
         if type(output) is not self._tensor:
             return f"returned {type(output).__name__}, not a torch.Tensor"
         try:
-            return self._numpy(self._cpu(self._contiguous(self._detach(output))))
+            array = self._numpy(self._cpu(self._contiguous(self._detach(output))))
         except (TypeError, RuntimeError) as exc:
             return f"a tensor NumPy cannot hold: {exc}"[:200]
+        return array if type(array) is self.np.ndarray else f"converted to {type(array).__name__}"
 
 
 def worker_main(role: str, shm_path: str) -> None:
@@ -239,10 +245,13 @@ def worker_main(role: str, shm_path: str) -> None:
     namespace: dict = {"__name__": f"relayrl_{role}", "__builtins__": __builtins__}
     source, entry = setup["source"], setup["entry"]
     framework.watch()
-    if role == "candidate" and setup.get("guard", True):
-        _install_guard(alarms, framework.allowed_imports)
+    # Both workers are locked down alike (the filter costs each system call the same), before the
+    # candidate's source is even compiled.
+    unlocked = lock_down(on_device=framework.device != "cpu") if setup.get("lockdown", True) else "not asked"
     try:
         code = compile(source, f"<{role}>", "exec")
+        if role == "candidate" and setup.get("guard", True):
+            _install_guard(alarms, code, framework.allowed_imports)
         exec(code, namespace)  # the point of the worker
         function = namespace[entry]
         if not callable(function):
@@ -250,10 +259,10 @@ def worker_main(role: str, shm_path: str) -> None:
     except BaseException as exc:  # reported, not raised
         send(replies, {"error": f"{type(exc).__name__}: {exc}"[:2000], "phase": "load"})
         return
-    _GUARD["loaded"] = True
-    send(replies, {"ready": True})
+    send(replies, {"ready": True, "unlocked": unlocked})
     staged: list = []
     outputs: list = []
+    arrays: list = []  # the outputs as host NumPy arrays, made inside the timed batch
     drawn: dict = {}  # the digest weights of this grading's seed, drawn once and extended as outputs grow
     while True:
         try:
@@ -266,24 +275,26 @@ def worker_main(role: str, shm_path: str) -> None:
                                       for call in command["calls"]])
             send(replies, {"staged": True})
         elif command["op"] == "run":  # the timed batch
-            outputs = []
+            outputs, arrays = [], []
             error = None
             try:
                 for args in staged:
                     outputs.append(function(*args))
                 framework.finish()
+                # Inside the timed region: every output becomes host memory now, so that no value is
+                # computed later, when it is read (a conversion the candidate hooked runs here, timed).
+                arrays = [framework.as_array(output) for output in outputs]
             except BaseException as exc:
                 error = f"{type(exc).__name__}: {exc}"[:2000]
             send(replies, {"done": True, "error": error})
         elif command["op"] == "digest":
             tolerance, limit = command["tolerance"], int(command["limit"])
-            arrays = [framework.as_array(output) for output in outputs]
             sizes = [array.size for array in arrays if not isinstance(array, str) and array.size <= limit]
             weights = _weights(np, drawn, int(command["seed"]), max(sizes, default=0))
             send(replies, {"digests": [_digest(np, array, weights, tolerance, limit) for array in arrays],
                            "tampered": framework.tampered()})
         elif command["op"] == "fetch":  # one output, whole, into the fetch region
-            output = framework.as_array(outputs[command["index"]])
+            output = arrays[command["index"]]
             if isinstance(output, str) or output.nbytes > command["limit"]:
                 send(replies, {"error": output if isinstance(output, str) else "an output beyond the size limit"})
                 continue
@@ -330,18 +341,22 @@ def _digest(np, output, weights, tolerance: dict, limit: int) -> dict:
             "nonfinite": int(flat.size - int(finite.sum()))}
 
 
-_GUARD: dict = {"loaded": False, "alarms": None}
+def _install_guard(alarms, code, allowed_imports: tuple[str, ...] = ALLOWED_IMPORTS) -> None:
+    """Refuse and report what a candidate has no business doing (see the module docstring).
 
+    The hook keeps no state a candidate could switch off: what it allows is fixed when it is made
+    (``code``, the candidate's compiled source, is the one code object it may ``exec``). It is
+    defence in depth and evidence; what the verdict relies on is the lock-down (:func:`lock_down`)
+    and the checks the harness makes from outside the worker."""
 
-def _install_guard(alarms, allowed_imports: tuple[str, ...] = ALLOWED_IMPORTS) -> None:
-    """Refuse and report what a candidate has no business doing (see the module docstring)."""
-    _GUARD["alarms"] = alarms
+    os.set_blocking(alarms.fileno(), False)  # a flood of refusals fills the pipe: never wait on it
+    reported = [0]  # the alarms written: evidence enough after the first few dozen
 
     def hook(event: str, args: tuple) -> None:
         if event not in BLOCKED_EVENTS:
             return
-        if event in ("compile", "exec") and not _GUARD["loaded"]:
-            return  # the candidate's own source, once
+        if event == "exec" and args and args[0] is code:
+            return  # the candidate's own source
         if event == "import":
             name = str(args[0])
             if name.split(".")[0] in allowed_imports and name in sys.modules:
@@ -350,12 +365,13 @@ def _install_guard(alarms, allowed_imports: tuple[str, ...] = ALLOWED_IMPORTS) -
             return  # a traceback looking for the source of "<candidate>": there is no such file
         if event == "object.__setattr__" and not isinstance(args[0], type(sys)):
             return  # setting attributes of the candidate's own objects and classes is fine
-        detail = repr(args)[:300]
-        try:
-            alarms.write(json.dumps({"event": event, "detail": detail}) + "\n")
-            alarms.flush()
-        except Exception:  # the alarm is best effort; the refusal is not
-            pass
+        reported[0] += 1
+        if reported[0] <= MAX_ALARMS:
+            try:
+                alarms.write(json.dumps({"event": event, "detail": repr(args)[:300]}) + "\n")
+                alarms.flush()
+            except Exception:  # the alarm is best effort; the refusal is not
+                pass
         raise PermissionError(f"the kernel sandbox does not allow {event}")
 
     sys.addaudithook(hook)
@@ -371,6 +387,131 @@ def _install_guard(alarms, allowed_imports: tuple[str, ...] = ALLOWED_IMPORTS) -
     threading._start_new_thread = refuse_thread
     if hasattr(threading, "_start_joinable_thread"):
         threading._start_joinable_thread = refuse_thread
+
+
+MAX_ALARMS = 32
+"""Refusals a candidate worker reports (the first ones): one is enough to flag it."""
+
+
+# ----------------------------------------------------------------------------- lock-down
+AUDIT_ARCH_X86_64 = 0xC000003E
+SYSCALLS_X86_64 = {
+    "kill": 62, "tgkill": 234, "tkill": 200, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+    "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438, "ptrace": 101, "process_vm_readv": 310,
+    "process_vm_writev": 311, "kcmp": 312, "process_madvise": 440, "migrate_pages": 256, "move_pages": 279,
+    "sched_setaffinity": 203, "sched_setscheduler": 144, "sched_setparam": 142, "sched_setattr": 314,
+    "setpriority": 141, "ioprio_set": 251, "prlimit64": 302, "setrlimit": 160,
+    "clone": 56, "clone3": 435, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "unshare": 272, "setns": 308,
+    "socket": 41, "socketpair": 53, "connect": 42, "bind": 49,
+    "setitimer": 38, "alarm": 37, "timer_create": 222, "io_setup": 206, "io_submit": 209, "io_uring_setup": 425,
+    "perf_event_open": 298, "bpf": 321, "userfaultfd": 323, "mount": 165, "fcntl": 72, "ioctl": 16, "capset": 126,
+    "open": 2, "creat": 85, "openat": 257, "openat2": 437, "open_by_handle_at": 304, "truncate": 76,
+    "unlink": 87, "unlinkat": 263, "rename": 82, "renameat": 264, "renameat2": 316, "rmdir": 84, "mkdir": 83,
+    "mkdirat": 258, "link": 86, "linkat": 265, "symlink": 88, "symlinkat": 266, "chmod": 90, "fchmodat": 268,
+    "chown": 92, "fchownat": 260, "lchown": 94, "mknod": 133, "mknodat": 259,
+}
+"""System call numbers of x86-64 (``asm/unistd_64.h``). The lock-down is built for this
+architecture only: elsewhere it reports that it could not be made, and no speed-up is paid."""
+DENIED_SYSCALLS = ("tkill", "rt_sigqueueinfo", "rt_tgsigqueueinfo", "pidfd_open", "pidfd_send_signal",
+                   "pidfd_getfd", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "process_madvise",
+                   "migrate_pages", "move_pages", "sched_setaffinity", "sched_setscheduler", "sched_setparam",
+                   "sched_setattr", "setpriority", "ioprio_set", "setrlimit", "fork", "vfork", "execve", "execveat",
+                   "unshare", "setns", "socket", "socketpair", "connect", "bind", "setitimer", "alarm",
+                   "timer_create", "io_setup", "io_submit", "io_uring_setup", "perf_event_open", "bpf",
+                   "userfaultfd", "mount")
+"""Refused outright (EPERM): reaching another process (signals, tracing, its memory, its scheduling
+or limits), making one (or a thread, see :func:`seccomp_program`), the network, timers that would run
+the worker's code later, and asynchronous I/O that kernel threads would do on the worker's behalf
+(CPU the worker's accounting would not see)."""
+PATH_SYSCALLS = ("open", "creat", "openat", "openat2", "open_by_handle_at", "truncate", "unlink", "unlinkat",
+                 "rename", "renameat", "renameat2", "rmdir", "mkdir", "mkdirat", "link", "linkat", "symlink",
+                 "symlinkat", "chmod", "fchmodat", "chown", "fchownat", "lchown", "mknod", "mknodat")
+"""Opening or changing anything by path: refused to a worker on the CPU, which has opened all it needs
+before it loads a function (its pipes, its shared memory). No file of the host, of the sandbox or of
+another process (``/proc/PID/...``) is then within reach, whatever the sandbox's view shows. A
+worker on a GPU keeps them: the CUDA libraries load parts of themselves on first use."""
+F_SETOWN, F_SETSIG, F_SETOWN_EX, FIOSETOWN, SIOCSPGRP = 8, 10, 15, 0x8901, 0x8902
+"""``fcntl``/``ioctl`` commands that make the kernel signal another process when a file is ready."""
+
+
+def seccomp_program(own_pid: int, allow_threads: bool, allow_files: bool = False) -> list[tuple[int, int, int, int]]:
+    """A classic-BPF seccomp filter (``(code, jt, jf, k)`` instructions) for a worker of ``own_pid``.
+
+    Every refusal is EPERM, so a refused call is an ordinary ``PermissionError`` in Python. ``clone3``
+    gets ENOSYS (glibc then falls back to ``clone``, whose flags a filter can read); ``clone`` is
+    allowed for a thread (``CLONE_THREAD``) only when ``allow_threads`` (a CUDA runtime starts threads
+    of its own), never for a process. Unless ``allow_files``, :data:`PATH_SYSCALLS` are refused too."""
+    load, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    numbers = SYSCALLS_X86_64
+    program = [(load, 0, 0, 4), (jeq, 1, 0, AUDIT_ARCH_X86_64), (ret, 0, 0, eperm),  # another ABI: refused
+               (load, 0, 0, 0), (0x35, 0, 1, 0x40000000), (ret, 0, 0, eperm)]  # the x32 ABI: refused
+    for name in DENIED_SYSCALLS + (() if allow_files else PATH_SYSCALLS):
+        program += [(jeq, 0, 1, numbers[name]), (ret, 0, 0, eperm)]
+    program += [(jeq, 0, 1, numbers["clone3"]), (ret, 0, 0, enosys)]
+
+    def on_argument(name: str, index: int, values: tuple[int, ...], inside: int, outside: int) -> list:
+        """``name``'s argument ``index`` (its low 32 bits) among ``values``: ``inside``, else ``outside``."""
+        block = [(jeq, 0, len(values) + 3, numbers[name]), (load, 0, 0, 16 + 8 * index)]
+        block += [(jeq, len(values) - position, 0, value) for position, value in enumerate(values)]
+        return [*block, (ret, 0, 0, outside), (ret, 0, 0, inside)]
+
+    program += on_argument("kill", 0, (own_pid,), allow, eperm)
+    program += on_argument("tgkill", 0, (own_pid,), allow, eperm)
+    program += on_argument("prlimit64", 0, (0, own_pid), allow, eperm)
+    program += on_argument("fcntl", 1, (F_SETOWN, F_SETSIG, F_SETOWN_EX), eperm, allow)
+    program += on_argument("ioctl", 1, (FIOSETOWN, SIOCSPGRP), eperm, allow)
+    if allow_threads:
+        program += [(jeq, 0, 4, numbers["clone"]), (load, 0, 0, 16), (jset, 0, 1, 0x00010000),
+                    (ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    else:
+        program += [(jeq, 0, 1, numbers["clone"]), (ret, 0, 0, eperm)]
+    return [*program, (ret, 0, 0, allow)]
+
+
+def lock_down(on_device: bool) -> str | None:
+    """Make this worker unreachable and unable to reach: not dumpable (no other process of its uid
+    reads or writes its memory through ``/proc``), no capabilities (so root cannot override that
+    either), and a seccomp filter (:func:`seccomp_program`). The kernel enforces all three whatever
+    the worker runs next, so a candidate that gets past the audit hook (or switches it off) still
+    cannot stop, trace, out-core or offload anything. None when done, else why not (one line)."""
+    import platform
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        return f"the worker lock-down is built for Linux on x86-64, not {sys.platform} on {platform.machine()}"
+    try:
+        import ctypes
+    except ImportError as exc:
+        return f"ctypes is missing: {exc}"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+        if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE = 0
+            return f"PR_SET_DUMPABLE failed (errno {ctypes.get_errno()})"
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+        empty = (ctypes.c_uint32 * 6)()  # effective, permitted, inheritable: twice (64 capability bits)
+        if libc.syscall(SYSCALLS_X86_64["capset"], header, empty) != 0:
+            return f"dropping capabilities failed (errno {ctypes.get_errno()})"
+        if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+            return f"PR_SET_NO_NEW_PRIVS failed (errno {ctypes.get_errno()})"
+        instructions = seccomp_program(os.getpid(), allow_threads=on_device, allow_files=on_device)
+
+        class SockFilter(ctypes.Structure):
+            _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8),
+                        ("k", ctypes.c_uint32)]
+
+        class SockFprog(ctypes.Structure):
+            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+        filters = (SockFilter * len(instructions))(*[SockFilter(*item) for item in instructions])
+        program = SockFprog(len(instructions), filters)
+        libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong, ctypes.c_ulong]
+        if libc.prctl(22, 2, ctypes.addressof(program), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            return f"installing the seccomp filter failed (errno {ctypes.get_errno()})"
+        return None
+    finally:
+        for name in [name for name in sys.modules if name == "ctypes" or name.startswith("ctypes.")]:
+            del sys.modules[name]  # a candidate's ``import ctypes`` is a new import, refused by the hook
 
 
 def static_flags(source: str) -> list[dict]:
@@ -436,7 +577,8 @@ class Worker:
     """A worker process seen from the harness: its pipes, its shared memory, its CPU accounting."""
 
     def __init__(self, role: str, harness_source: str, source: str, entry: str, shm_bytes: int, core: int | None,
-                 deadline: float, guard: bool = True, framework: str = "numpy", device: str = "cpu") -> None:
+                 deadline: float, guard: bool = True, framework: str = "numpy", device: str = "cpu",
+                 lockdown: bool = True) -> None:
         import subprocess
 
         self.role = role
@@ -456,7 +598,7 @@ class Worker:
         os.set_blocking(self.process.stderr.fileno(), False)
         self.stderr_text = ""
         send(self.process.stdin, {"source": source, "entry": entry, "guard": guard, "framework": framework,
-                                  "device": device})
+                                  "device": device, "lockdown": lockdown})
         self.loaded = receive(self.process.stdout.fileno(), deadline)
         if os.path.exists(self.shm_path):  # mapped by now: nobody else opens it
             os.unlink(self.shm_path)
@@ -606,13 +748,15 @@ class Session:
         # One weights seed for the session, so that digests of different calls compare.
         self.weights_seed = int(self.rng.integers(1 << 62))
         self.seen: list[dict] = []
+        self.fetched: dict[int, tuple] = {}  # output index -> (reference's, candidate's), this batch
+        self.disturbed = 0  # rounds whose reference ran far longer than its CPU time
 
     def start(self, role: str, source: str, entry: str) -> Worker:
         # ``python_guard: false`` is for tests of the operating-system checks alone (a candidate that
         # got past the audit hook, as compiled code could).
         worker = Worker(role, self.job["harness_source"], source, entry, self.shm_bytes, self.core, self.deadline,
                         guard=bool(self.job.get("python_guard", True)), framework=str(self.job.get("framework", "numpy")),
-                        device=str(self.job.get("device", "cpu")))
+                        device=str(self.job.get("device", "cpu")), lockdown=bool(self.job.get("lockdown", True)))
         self.workers.append(worker)
         return worker
 
@@ -659,11 +803,30 @@ class Session:
             return f"an output of dtype {dtype} and shape {shape}"
         return np.frombuffer(worker.shared, dtype=dtype, count=count, offset=self.fetch_offset).reshape(shape).copy()
 
+    def timed_seconds(self, in_batch: dict[str, float], wall: dict[str, float], outside: dict[str, float]) -> dict:
+        """Each worker's time for its batch, as the speed-up compares them.
+
+        On the CPU, a worker's time is the CPU its threads ran inside the timed batch (the kernel's
+        account, read from ``/proc`` by the harness): time it spent stopped, or waiting while the
+        core ran something else, is not in it, so nothing that disturbs a worker's core makes the
+        reference look slower. On a device the CPU waits for, it is the wall time (the round trip).
+        The candidate is charged, on top, every CPU second it spent outside its batch beyond what the
+        reference spent on the same untimed steps: work moved to staging, to the digests, to a
+        finaliser, or left running after a reply forged before the batch ended, is counted as if timed.
+        A round in which the reference's wall time far exceeds its CPU time is counted as disturbed
+        (reported; on the CPU its time stands, as measured by its CPU)."""
+        by_cpu = self.job.get("device", "cpu") == "cpu"
+        seconds = {role: (in_batch[role] if by_cpu else wall[role]) for role in in_batch}
+        seconds["candidate"] += max(0.0, outside["candidate"] - outside["reference"] - CHARGE_SLACK_S)
+        if wall["reference"] > 1.5 * in_batch["reference"] + 0.002:
+            self.disturbed += 1
+        return seconds
+
     def check_whole(self, reference: Worker, candidate: Worker, index: int, sizes: dict) -> None:
         """Compare output ``index`` of both workers element by element (Incorrect, or Flagged when only
         a lower precision explains the difference)."""
         np = self.np
-        expected, got = self.fetch(reference, index), self.fetch(candidate, index)
+        expected, got = self.fetched.get(index) or (self.fetch(reference, index), self.fetch(candidate, index))
         if isinstance(expected, str):
             raise RuntimeError(f"the reference's output: {expected}")
         if isinstance(got, str):
@@ -706,19 +869,21 @@ class Session:
         """
         np = self.np
         calls = [_inputs(np, self.rng, self.job["args"], sizes) for _ in range(count)]
+        # The cycle, for the CPU accounting, starts before the inputs are staged: a worker's every CPU
+        # second from here to its last output read is either in its timed batch or charged to it.
+        cycle_start = {worker.role: worker.cpu_seconds() for worker in (reference, candidate)}
         layouts = {worker.role: self.place(worker, calls) for worker in (reference, candidate)}
         for worker in (reference, candidate):  # untimed: inputs where the functions take them (a device)
             if worker.request({"op": "stage", "calls": layouts[worker.role]}, self.deadline).get("staged") is not True:
                 raise ProtocolError(f"the {worker.role} answered a staging request with something else")
-        cycle_start = {worker.role: worker.cpu_seconds() for worker in (reference, candidate)}
         in_batch: dict[str, float] = {}
-        seconds: dict[str, float] = {}
+        wall: dict[str, float] = {}
         for worker in ((candidate, reference) if candidate_first else (reference, candidate)):
             threads_before = worker.thread_count()
             cpu_before = worker.cpu_seconds()
             started = time.perf_counter()
             reply = worker.request({"op": "run"}, self.deadline)
-            seconds[worker.role] = time.perf_counter() - started
+            wall[worker.role] = time.perf_counter() - started
             if reply.get("done") is not True:
                 raise ProtocolError(f"the {worker.role} answered a batch with something else")
             in_batch[worker.role] = worker.cpu_seconds() - cpu_before
@@ -728,11 +893,16 @@ class Session:
                 raise Flagged("background-thread", f"the candidate's process went from {worker.threads} to "
                                                    f"{worker.thread_count()} threads")
         found = {worker.role: self.digests(worker) for worker in (reference, candidate)}
+        fetched = set() if whole is None else {int(index) for index in
+                                               self.rng.choice(count, size=min(whole, count), replace=False)}
+        for index in sorted(fetched):  # read now, inside the accounted cycle; compared below
+            self.fetched[index] = (self.fetch(reference, index), self.fetch(candidate, index))
         outside = {worker.role: worker.cpu_seconds() - cycle_start[worker.role] - in_batch[worker.role]
                    for worker in (reference, candidate)}
         if outside["candidate"] > 2 * outside["reference"] + OUTSIDE_CPU_SLACK_S:
             raise Flagged("work-outside-timing", f"the candidate used {outside['candidate']:.4f} CPU s outside its "
                                                  f"timed batch, the reference {outside['reference']:.4f}")
+        seconds = self.timed_seconds(in_batch, wall, outside)
         if _descendants(candidate.process.pid):
             raise Flagged("extra-process", "the candidate started a process")
         strays = [pid for pid in _descendants(os.getpid()) if pid not in {w.process.pid for w in self.workers}]
@@ -755,9 +925,9 @@ class Session:
         self.seen = (self.seen + found["reference"])[-4096:]
         # Element by element: all calls, or ``whole`` drawn now that the batch has run. Before a
         # digest's verdict, so that a lower precision is named as such.
-        chosen = range(count) if whole is None else self.rng.choice(count, size=min(whole, count), replace=False)
-        for index in chosen:
+        for index in (range(count) if whole is None else sorted(fetched)):
             self.check_whole(reference, candidate, int(index), sizes)
+        self.fetched.clear()
         if wrong:
             raise Incorrect(wrong)
         return seconds
@@ -826,6 +996,11 @@ def grade(job: dict) -> dict:
         report["correct"] = True
         if not job.get("time", True):
             return report
+        unlocked = [f"{worker.role}: {worker.loaded['unlocked']}" for worker in (reference, candidate)
+                    if worker.loaded.get("unlocked")]
+        if unlocked:  # fail closed: a speed-up measured without the lock-down could be bent
+            report["message"] = f"no speed-up measured: the workers could not be locked down ({'; '.join(unlocked)})"
+            return report
         # Calibration: the reference's time per call sets how many calls a batch takes.
         probe = session.batch(reference, candidate, job["sizes"][-1], 2, candidate_first=False, whole=1)
         per_call = max(probe["reference"] / 2, 1e-7)
@@ -848,7 +1023,7 @@ def grade(job: dict) -> dict:
         report.update(speedup=reference_s / candidate_s, speedup_q1=ratios[len(ratios) // 4],
                       speedup_q3=ratios[(3 * len(ratios)) // 4], rounds=rounds,
                       reference_call_s=reference_s / session.calls_per_batch,
-                      candidate_call_s=candidate_s / session.calls_per_batch)
+                      candidate_call_s=candidate_s / session.calls_per_batch, disturbed_rounds=session.disturbed)
         return report
     except Incorrect as exc:
         report.update(status="incorrect", correct=False, message=str(exc))
