@@ -22,6 +22,7 @@ from relayrl.rollout.kernels.grading import KernelGrader, KernelReport, KernelRe
 from relayrl.rollout.kernels.tasks import ArgSpec, KernelTask, kernel_task, task_spec
 from relayrl.rollout.testing import EnvironmentTests
 from relayrl.rollout.testing.environment_tests import answered
+from relayrl.rollout.testing.kernel_exploits import KernelExploitTests
 
 SWISH = next(task for task in SHIPPED if task.name == "swish")
 RIGHT = "import numpy as np\n\ndef kernel(x):\n    return x * (1.0 / (1.0 + np.exp(-x)))\n"
@@ -188,7 +189,9 @@ def test_every_exploit_earns_zero_and_a_flag(grader, name) -> None:
 
 @pytest.mark.parametrize("name", sorted(OS_LEVEL))
 def test_the_operating_system_checks_alone_catch_work_outside_the_timed_region(grader, name) -> None:
-    report = grader.grade(SWISH, EXPLOITS[name], timeout_s=60, python_guard=False)
+    # Neither the audit hook nor the lock-down (which refuses the thread and the fork outright): what
+    # the harness observes from outside the worker must catch the helper's work by itself.
+    report = grader.grade(SWISH, EXPLOITS[name], timeout_s=60, python_guard=False, lockdown=False)
     assert KernelReward()(report) == 0.0
     assert OS_LEVEL[name] & {flag["detector"] for flag in report.flags}, report
 
@@ -498,3 +501,77 @@ def test_a_wrong_output_matches_no_other_calls_right_output_by_chance() -> None:
     print(f"false matches among {100 * len(seen)} pairs: {chance} with one sum, {close} with {len(seen[0]['value'])}")
     assert close == 0
     assert chance > 50  # the single sum's false matches this test guards against
+
+
+class TestProcessBackendKernelExploits(KernelExploitTests):
+    """The kernel-exploit suite on the built-in backend (the bwrap plugin's tests run it on bwrap)."""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def backend(cls):
+        from relayrl.sandbox import SandboxSection, open_backend
+
+        return open_backend(section=SandboxSection(backend="process"))
+
+
+LOCKED_DOWN_PROBE = r'''
+import json, os, resource, signal, sys, threading
+sys.path.insert(0, sys.argv[1])
+import harness
+
+bystander_pid = int(sys.argv[2])  # a process of the same user, started by the test
+why = harness.lock_down(on_device=False)
+results = {"locked": why}
+
+def attempt(name, call):
+    try:
+        call()
+        results[name] = "allowed"
+    except Exception as exc:
+        results[name] = type(exc).__name__
+
+attempt("signal another", lambda: os.kill(bystander_pid, 0))
+attempt("signal the group", lambda: os.killpg(0, 0))
+attempt("signal itself", lambda: os.kill(os.getpid(), 0))
+attempt("pidfd", lambda: os.pidfd_open(bystander_pid))
+attempt("its own limits", lambda: resource.prlimit(os.getpid(), resource.RLIMIT_NOFILE))
+attempt("another's limits", lambda: resource.prlimit(bystander_pid, resource.RLIMIT_NOFILE))
+attempt("priority", lambda: os.setpriority(os.PRIO_PROCESS, bystander_pid, 19))
+attempt("affinity", lambda: os.sched_setaffinity(0, os.sched_getaffinity(0)))
+attempt("fork", lambda: os.fork())
+attempt("thread", lambda: threading.Thread(target=len, args=((),)).start())
+attempt("timer", lambda: signal.setitimer(signal.ITIMER_REAL, 5))
+attempt("open", lambda: open("/proc/self/status").close())
+attempt("another's memory", lambda: open(f"/proc/{bystander_pid}/mem", "rb").close())
+attempt("pipe", lambda: [os.close(fd) for fd in os.pipe()])
+print(json.dumps(results))
+'''
+
+
+def test_the_lock_down_refuses_every_reach_beyond_the_worker_and_keeps_what_it_needs(tmp_path) -> None:
+    """The kernel enforces it (no audit hook here): a direct check of ``harness.lock_down``."""
+    import json
+    import platform
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import relayrl.rollout.kernels.harness as harness
+
+    if sys.platform != "linux" or platform.machine() != "x86_64":
+        pytest.skip(f"the lock-down is built for Linux on x86-64, not {sys.platform} on {platform.machine()}")
+    script = tmp_path / "probe.py"
+    script.write_text(LOCKED_DOWN_PROBE)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        result = subprocess.run([sys.executable, str(script), str(Path(harness.__file__).parent), str(bystander.pid)],
+                                capture_output=True, text=True, timeout=60)
+    finally:
+        bystander.kill()
+        bystander.wait()
+    found = json.loads(result.stdout.splitlines()[-1])
+    assert found.pop("locked") is None, found
+    allowed = {"signal itself", "its own limits", "pipe"}
+    assert {name for name, outcome in found.items() if outcome == "allowed"} == allowed, found
+    assert all(outcome in ("PermissionError", "RuntimeError", "itimer_error") for name, outcome in found.items()
+               if name not in allowed), found
