@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.core.plugins import create_plugin_manager
+from relayrl.rollout.testing.kernel_exploits import KernelExploitTests
 from relayrl.sandbox.api import SandboxUnavailable
 from relayrl.sandbox.config import SandboxSection, backends, open_backend
 from relayrl.sandbox.local import SETUP_ATTEMPTS
@@ -100,3 +101,10 @@ def test_a_set_up_that_always_fails_is_reported_after_the_last_attempt():
         result = sandbox.exec("true")
         assert result.exit_status != 0 and "nonexistent-relayrl-test" in result.stderr
         assert backend.set_up_failures == 10 - SETUP_ATTEMPTS
+
+
+class TestBwrapBackendKernelExploits(KernelExploitTests):
+    @pytest.fixture(scope="class")
+    @classmethod
+    def backend(cls):
+        return _backend(require=[])
