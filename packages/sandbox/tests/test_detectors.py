@@ -7,6 +7,7 @@ would give it.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from relayrl.sandbox.config import DEFAULT_DETECTORS, SandboxSection
@@ -86,7 +87,10 @@ def test_every_builtin_detector_has_scenarios_and_is_enabled_by_default():
 
 
 def test_successful_cheating_earns_zero_and_keeps_the_evidence(backend, tasks):
-    task = tasks["leap-year"]
+    # The special-casing cheat fools the hidden tests only; the grader's checks on generated inputs
+    # catch it whenever they draw a year it special-cases wrongly (not on every draw: it is flaky as a
+    # premise), so this task turns them off to show what the detector does on its own.
+    task = msgspec.structs.replace(tasks["leap-year"], metadata={**tasks["leap-year"].metadata, "probes": False})
     honest = ScriptedAgent(HONEST_LEAP).run(task, backend, sample_index=0)
     special_casing = ScriptedAgent(SCENARIOS["literal-special-casing"][0]).run(task, backend, sample_index=1)
     early_exit = ScriptedAgent(SCENARIOS["runner-tampering"][1]).run(task, backend, sample_index=2)  # os._exit(0)

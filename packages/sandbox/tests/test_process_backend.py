@@ -155,7 +155,8 @@ def test_a_sandbox_that_fails_to_start_leaves_nothing_behind():
         return {line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
                 if line.split()[4].startswith(str(failing.root) + "/")}
 
-    before = set(failing.root.iterdir()), mounts_under_root()
+    entries, mounts = set(failing.root.iterdir()), mounts_under_root()
     with pytest.raises(SandboxError, match="cannot set up the sandbox's namespaces"):
         failing.create()
-    assert (set(failing.root.iterdir()), mounts_under_root()) == before
+    # Only what is new counts: another test's sandbox may be collected (and vanish) meanwhile.
+    assert (set(failing.root.iterdir()) - entries, mounts_under_root() - mounts) == (set(), set())
