@@ -247,3 +247,37 @@ def test_without_reproducibility_a_resume_renumbers_and_the_staler_groups_drop(t
     model, groups = staged
     resumed, _, _, second = crash_and_resume(tmp_path, model, groups, reproducible=False)
     assert sum(len(refs) for _, refs in second.resolved) < 8 and resumed.backend.version > 7
+
+
+def test_a_starved_loop_publishes_again_the_weights_a_store_outage_refused(tmp_path):
+    """A publish that failed leaves the engines behind for good unless the trainer, with nothing to
+    train, publishes again: ``republish_reason`` says why, ``republish`` retries until the store takes it."""
+    from relayrl.core.errors import StoreError
+    from relayrl.core.store import LocalStore
+
+    class Outage(LocalStore):
+        down = False
+
+        def put(self, key, data, *, if_absent=False):
+            if Outage.down:
+                raise StoreError(f"writing {key} failed: the store is down")
+            return super().put(key, data, if_absent=if_absent)
+
+    loop, _ = make_loop(tmp_path, tiny_llama(seed=1), steps=1, hooks=Recording())
+    bus = Outage(f"file://{tmp_path}/bus")
+    loop.publisher = Publisher(bus)
+    first = loop.publish_current()
+    assert loop.republish_reason() is None
+    Outage.down = True
+    loop.backend.version += 1  # a step trained: its publish fails
+    with pytest.raises(StoreError):
+        loop.publisher.publish(dict(loop.backend.named_full_state()), version=loop.backend.version).result()
+    reason = loop.republish_reason()
+    assert reason and f"did not take version {first + 1}" in reason
+    assert loop.republish(reason) is False  # still down: said, not raised; retried at the next check
+    Outage.down = False
+    assert loop.republish(reason) is True
+    assert loop.republish_reason() is None
+    newest = WeightBus(bus).newest_version()
+    assert newest > first and newest == loop.backend.version
+    close(loop)

@@ -561,10 +561,13 @@ def test_a_failed_publish_is_retried_under_the_same_version_as_a_delta(tmp_path)
     publisher = Publisher(store, keep_versions=0)
     publish(publisher, 1)
     FlakyStore.fail_next = True
+    assert not publisher.behind()
     with pytest.raises(StoreError, match="injected outage"):
         publisher.publish(state(2)).result()
     assert publisher.next_version == 2
+    assert publisher.behind() and publisher.failed_version == 2  # a starved trainer publishes again
     publish(publisher, 2, 3)
+    assert not publisher.behind() and publisher.failed_version is None
     bus = WeightBus(store)
     assert [bus.read_manifest(v).kind for v in (1, 2, 3)] == ["full", "delta", "delta"]
     engine = fresh_engine()

@@ -32,6 +32,7 @@ fault-tolerance checkpointer and metrics writer implement them.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -42,8 +43,15 @@ from typing import Any, Protocol
 import msgspec
 
 from relayrl.algo.determinism import rng_state, set_rng_state
+from relayrl.core.errors import StoreError
 
 __all__ = ["BatchSource", "Checkpointer", "LoopHooks", "StepResult", "TrainingLoop", "WeightPublisher", "checkpoint_due"]
+
+log = logging.getLogger(__name__)
+
+REPUBLISH_CHECK_S = 5.0
+"""How often a trainer with nothing to train checks whether to publish its weights again
+(:meth:`TrainingLoop.republish_reason`): each check may list the store."""
 
 
 class BatchSource(Protocol):
@@ -64,6 +72,8 @@ class WeightPublisher(Protocol):
 
     next_version: int
     last_report: Any
+    failed_version: int | None
+    last_error: BaseException | None
 
     def publish(self, tensors: Mapping[str, Any], *, step: int = 0, version: int | None = None) -> Any: ...
 
@@ -72,6 +82,8 @@ class WeightPublisher(Protocol):
     def adopt(self, version: int, tensors: Mapping[str, Any]) -> bool: ...
 
     def repair_requested(self) -> bool: ...
+
+    def behind(self) -> bool: ...
 
 
 class Checkpointer(Protocol):
@@ -153,6 +165,7 @@ class TrainingLoop:
         self._unsaved: dict[str, Any] | None = None  # the last step's state while its checkpoint is not due
         self.step = 0
         self.consumed: Counter[str] = Counter()
+        self._progress_failing = False  # the last progress write failed (logged once per outage)
         self._drained: Counter[str] = Counter()  # dropped while waiting for the next batch, by reason
         self._drained_refs: list[tuple[str, str]] = []
         self._waiting_since: float | None = None
@@ -169,7 +182,17 @@ class TrainingLoop:
         set_rng_state(state["rng"])
 
     def write_progress(self) -> None:
-        self.progress(self.step, self.backend.version, dict(self.consumed))
+        """Tell the fleet where training is (its step, version and consumption). Advisory and replaced
+        by the next write: a store that refuses it for a while (an outage) is logged once and the loop
+        goes on."""
+        try:
+            self.progress(self.step, self.backend.version, dict(self.consumed))
+        except StoreError as exc:
+            if not self._progress_failing:
+                log.warning("could not write the trainer's progress to the bus (%s); retrying while it waits", exc)
+            self._progress_failing = True
+        else:
+            self._progress_failing = False
 
     @property
     def done(self) -> bool:
@@ -197,7 +220,7 @@ class TrainingLoop:
             self.consumed[drop.ref.producer_id] += 1
             self._drained[drop.reason] += 1
             self._drained_refs.append((str(drop.ref), drop.reason))
-        if drops:
+        if drops or self._progress_failing:  # a write an outage refused is made again: the fleet waits on it
             self.write_progress()
 
     @staticmethod
@@ -288,22 +311,50 @@ class TrainingLoop:
         """Train until ``steps`` are done or ``stop`` is set (checked between steps); returns the step.
 
         Single process; the weights are published first (engines bootstrap from them), numbered above
-        every version on the bus. A weight-repair request from an engine, seen while waiting, is
-        answered by republishing the current weights (a fresh snapshot).
+        every version on the bus. While waiting for data, the current weights are published again when
+        the last publish failed (:meth:`republish_reason`).
         """
         stop = stop or threading.Event()
         self.publish_current()
-        repair_checked = 0.0
+        republish_checked = 0.0
         while not stop.is_set() and not self.done:
             batch = self.next_batch()
             if batch is not None:
                 self.train_step(batch)
-            elif time.monotonic() - repair_checked > 5.0:
-                repair_checked = time.monotonic()
-                if self.publisher.repair_requested():
-                    self.publish_current(renumber=True)
+            elif time.monotonic() - republish_checked > REPUBLISH_CHECK_S:
+                republish_checked = time.monotonic()
+                reason = self.republish_reason()
+                if reason:
+                    self.republish(reason)
         self.checkpoint_pending()
         return self.step
+
+    def republish_reason(self) -> str | None:
+        """Why a starved trainer should publish its weights again, or None.
+
+        When the newest publish failed (a store outage), the engines stay at the last committed
+        version while the trainer moved on: every group they make is stale, no step comes to publish
+        again, and the run would wait for good. When an engine asked for a repair (it could not
+        verify what it fetched), it waits for a fresh snapshot. Either way: publish the weights as they
+        are now, under a new number."""
+        if self.publisher.behind():
+            return (f"the weight store did not take version {self.publisher.failed_version} "
+                    f"({self.publisher.last_error}); the engines stayed behind")
+        if self.publisher.repair_requested():
+            return "an engine could not verify the published weights"
+        return None
+
+    def republish(self, reason: str) -> bool:
+        """Publish the current weights under a new number (a fresh snapshot); False (logged, retried
+        at the next check) when the store refuses them too."""
+        try:
+            self.publish_current(renumber=True)
+        except Exception as exc:
+            log.warning("%s; publishing the weights again failed too (%s): retrying in %.0f s", reason, exc,
+                        REPUBLISH_CHECK_S)
+            return False
+        log.warning("%s; published the weights again as version %d", reason, int(self.backend.version))
+        return True
 
     def publish_current(self, *, renumber: bool = False) -> int:
         """Publish the weights as they are now (at start-up: engines bootstrap from them); the version."""

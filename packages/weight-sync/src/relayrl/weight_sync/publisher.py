@@ -133,6 +133,8 @@ class Publisher:
         # attempt id, so its objects never collide); versions therefore stay contiguous.
         self.next_version = first_version if first_version is not None else (committed[-1] + 1 if committed else 1)
         self.generation = self.next_version
+        self.failed_version: int | None = None
+        """The version the newest publish failed to commit (None once one commits): :meth:`behind`."""
         self._base: dict[str, np.ndarray] | None = None      # bits of the last committed version
         self._spare: dict[str, np.ndarray] = {}              # reused buffers for the next copy
         self._meta: dict[str, _TensorMeta] = {}
@@ -218,6 +220,14 @@ class Publisher:
         except Exception as exc:  # a failed listing must not fail the publish
             log.warning("listing repair requests failed: %s", exc)
             return []
+
+    def behind(self) -> bool:
+        """Whether the newest publish failed and nothing was committed since: the engines stay at the
+        last committed version while the trainer moves on, so their groups grow stale. A trainer with
+        nothing to train publishes again (:meth:`publish`) rather than wait for groups of weights the
+        bus never got. False while a publish is in flight."""
+        pending = self._pending
+        return self.failed_version is not None and (pending is None or pending.done())
 
     def committed(self, version: int) -> bool:
         """Whether ``version`` is committed on the bus."""
@@ -318,7 +328,11 @@ class Publisher:
             # and these buffers; the base stays the last committed version.
             self.next_version = version
             self._spare = current
+            self.failed_version = version
             raise
+        finally:
+            if self.next_version > version:  # committed (as this version, or the next after an earlier attempt)
+                self.failed_version = None
 
     def _encode_upload_commit(self, version: int, current: dict[str, np.ndarray], step: int,
                               metadata: dict[str, str], copy_s: float) -> PublishReport:

@@ -50,7 +50,7 @@ from relayrl.fault_tolerance.faults import maybe_kill
 from relayrl.fault_tolerance.recovery import recover
 from relayrl.rollout.config import build_environment
 from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
-from relayrl.trainer.loop import LoopHooks, TrainingLoop, checkpoint_due
+from relayrl.trainer.loop import REPUBLISH_CHECK_S, LoopHooks, TrainingLoop, checkpoint_due
 from relayrl.trainer.metrics import MetricsWriter
 from relayrl.trainer.warmup import MaskedExample, supervised_warmup
 from relayrl.weight_sync import ConcurrentWriter, Publisher
@@ -82,7 +82,9 @@ class TrainerProcess:
         self._step = 0  # the step of a rank without the loop
         self._rank_unsaved: dict[str, Any] | None = None  # its last step's state while the checkpoint is not due
         self._batch: Any = None  # the leader's batch behind the current "train" decision
-        self._repair_checked = 0.0  # when the waiting leader last looked for weight repair requests
+        self._repair_checked = 0.0  # when the waiting leader last looked for a reason to publish again
+        self._republish_reason: str | None = None
+        self._beaten = 0.0  # when the leader last gave a sign of life (``RunLayout.beat``)
 
     @property
     def step(self) -> int:
@@ -276,11 +278,25 @@ class TrainerProcess:
             hooks=RunHooks(self), reproducible=self.config.run.deterministic,
             checkpoint_every=self.config.trainer.checkpoint_every)
 
-    def _publish_current(self, *, renumber: bool = False) -> None:
+    def _publish_current(self, *, renumber: bool = False, reason: str = "") -> None:
         """Publish the weights as they are now (every rank calls it: gathering them is collective); the
-        leader's loop decides the version (see ``TrainingLoop.publish_start``) and every rank adopts it."""
+        leader's loop decides the version (see ``TrainingLoop.publish_start``) and every rank adopts it.
+
+        With ``reason`` (a starved trainer publishing again: ``TrainingLoop.republish_reason``), a
+        store that refuses them is said in an event and retried at the next check, not raised."""
         weights = self._weights()
-        version = self.loop.publish_start(weights, renumber=renumber) if self.loop is not None else None
+        version = None
+        if self.loop is not None and not reason:
+            version = self.loop.publish_start(weights, renumber=renumber)
+        elif self.loop is not None:
+            try:
+                version = self.loop.publish_start(weights, renumber=renumber)
+                write_event(self.layout, "trainer", "weights-republished",
+                            f"{reason}; published the weights again as version {version}", level="warning")
+            except Exception as exc:
+                version = int(self.loop.backend.version)
+                write_event(self.layout, "trainer", "weights-unpublished",
+                            f"{reason}; publishing them again failed too ({exc}); retrying", level="warning")
         # Elastic ranks take the version with the leader's state when they (re)join.
         self.trainer.version = version if self.ranks.elastic else self.ranks.broadcast(version)
 
@@ -309,6 +325,9 @@ class TrainerProcess:
             self._open_elastic_group()
         try:
             while True:
+                if leader and time.monotonic() - self._beaten > 1.0:  # the launcher's liveness check reads it
+                    self._beaten = time.monotonic()
+                    self.layout.beat("trainer")
                 if self.ranks.elastic:
                     decision = self._next_elastic_decision(total)
                 else:
@@ -319,11 +338,7 @@ class TrainerProcess:
                 if decision.kind == "train":
                     self._train_on(decision)
                 elif decision.kind == "republish":
-                    self._publish_current(renumber=True)
-                    if leader:
-                        write_event(self.layout, "trainer", "weights-repaired",
-                                    f"an engine could not verify the published weights; republished them as "
-                                    f"version {self.trainer.version}, a fresh snapshot", level="warning")
+                    self._publish_current(renumber=True, reason=self._republish_reason or "republishing")
         finally:
             self._close()
         if leader:
@@ -339,11 +354,12 @@ class TrainerProcess:
             return Decision("stop")
         batch = self.loop.next_batch()  # settles what can never be trained while it waits
         if batch is None:
-            # Starved, perhaps because no engine can build the published weights (a corrupt object):
-            # an engine asked for a repair, and no step is coming to publish a fresh snapshot.
-            if time.monotonic() - self._repair_checked > 5.0:
+            # Starved, perhaps because the engines never got the newest weights (the store refused
+            # them) or cannot build them (a corrupt object): no step is coming to publish again.
+            if time.monotonic() - self._repair_checked > REPUBLISH_CHECK_S:
                 self._repair_checked = time.monotonic()
-                if self.publisher.repair_requested():
+                self._republish_reason = self.loop.republish_reason()
+                if self._republish_reason:
                     return Decision("republish")
             return Decision("wait")
         self._batch = batch
