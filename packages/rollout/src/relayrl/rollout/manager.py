@@ -47,6 +47,7 @@ from typing import Any, Protocol
 import msgspec
 
 from relayrl.buffer.progress import FleetCounters, Progress, read_progress
+from relayrl.core.errors import StoreError
 from relayrl.core.store import Store
 from relayrl.core.wire import Group, TaskSpec, Trajectory
 from relayrl.rollout.agent import ToolExecutor
@@ -129,6 +130,8 @@ class RolloutManager:
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._commit_lock = asyncio.Lock()
+        self._flush_failing = False  # the last flush of the open segment failed (said once)
+        self._last_progress = Progress()  # the trainer's progress as last read (:meth:`_ahead`)
 
     # ------------------------------------------------------------------ one group
     async def run_group(self, task: TaskSpec) -> Group:
@@ -196,17 +199,29 @@ class RolloutManager:
         """
         if self.store is None:
             return 0
-        progress = progress or read_progress(self.store)
+        if progress is None:
+            try:
+                progress = self._last_progress = read_progress(self.store)
+            except StoreError:  # an outage: the last record read stands until the store answers again
+                progress = self._last_progress
         consumed = progress.consumed.get(self.writer.producer_id, 0)
         if self._consumed_at_start is None:
             self._consumed_at_start = consumed
         return self._consumed_at_start + self.committed_groups - consumed
 
     async def _flush_open_segment(self) -> None:
-        """Commit the writer's open segment now: groups in it are invisible to the trainer."""
+        """Commit the writer's open segment now: groups in it are invisible to the trainer. A store that
+        refuses it (an outage) keeps the groups queued: said once, tried again at the next call."""
         async with self._commit_lock:
             if self.writer.pending_groups:
-                await asyncio.get_running_loop().run_in_executor(None, self.writer.flush)
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, self.writer.flush)
+                    self._flush_failing = False
+                except StoreError as exc:
+                    if not self._flush_failing:
+                        print(f"rollout: could not commit a segment of {self.writer.pending_groups} group(s) "
+                              f"({exc}); retrying", flush=True)
+                    self._flush_failing = True
 
     # ------------------------------------------------------------------ the loop
     async def run(self, *, max_groups: int | None = None, handle_signals: bool = False) -> None:

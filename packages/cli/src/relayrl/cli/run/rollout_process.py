@@ -33,6 +33,7 @@ from relayrl.algo.config import build_reward_shapers
 from relayrl.buffer import SegmentWriter, create_prompt_scheduler, write_fleet_counters
 from relayrl.cli.run.layout import RunLayout
 from relayrl.core.config import Config
+from relayrl.core.errors import StoreError
 from relayrl.core.plugins import get_plugin_manager, lookup
 from relayrl.rollout.config import build_environment, build_harness, build_router
 from relayrl.rollout.engines.http import HttpEngine
@@ -113,8 +114,15 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
 
     async def report() -> None:
         beat = 0
+        counters_failing = False
         while True:
-            write_fleet_counters(bus, section.producer_id, manager.fleet_counters())
+            try:  # advisory, replaced by the next write: a store outage must not end the fleet
+                write_fleet_counters(bus, section.producer_id, manager.fleet_counters())
+                counters_failing = False
+            except StoreError as exc:
+                if not counters_failing:
+                    print(f"rollout: could not write the fleet's counters to the bus ({exc}); retrying", flush=True)
+                counters_failing = True
             if beat % 4 == 0:  # the status, with every engine's health, once a second from the start
                 health[:] = await asyncio.gather(*(engine.health() for engine in engines))
                 for item in health:  # engines hosted here report their weight updates through their controller
