@@ -44,6 +44,12 @@ class ModelSection(Section, kw_only=True):
             raise ConfigError(f"{path}.tokenizer: a fresh model (init) needs tokenizer = \"char\"")
 
 
+MAX_GROUP_SIZE = 1024
+"""The most samples per prompt ``[rollout] group_size`` accepts (a group is generated and held whole)."""
+MAX_CONCURRENT_GROUPS = 4096
+"""The most groups ``[rollout] max_concurrent_groups`` keeps in flight at once."""
+
+
 class RolloutSection(Section, kw_only=True):
     """``[rollout]``: engines, router, harness and environment of the rollout fleet."""
 
@@ -88,7 +94,18 @@ class RolloutSection(Section, kw_only=True):
     """Do not commit groups whose samples all earned the same reward (no signal); they are still counted."""
     producer_id: str = "rollout-0"
     max_restarts: int = 5
-    """Restarts of a dead engine or rollout process before the run gives up."""
+    """Restarts of one process of the run (the trainer, an engine, the rollout process, a mirror)
+    within ``restart_window_s`` before the run gives up: a rate, not a lifetime budget."""
+    restart_window_s: float = 600.0
+    """The window of ``max_restarts``: a process that dies more than ``max_restarts`` times within it
+    ends the run; a death older than it is forgiven (it healed; a multi-day run meets many unrelated
+    ones). 0 makes ``max_restarts`` a budget for the whole run."""
+    liveness_timeout_s: float = 300.0
+    """A process of the run that shows no sign of life for this long is taken for hung (stopped,
+    deadlocked, stuck in a collective or a driver), named in an event and on the display, killed and
+    restarted like a dead one. Signs: the trainer's loop and the rollout process write theirs at least
+    every second, an engine answers ``GET /health``; a process is watched from its first sign on (its
+    start-up has ``start_timeout_s``). Keep it above the slowest trainer step. 0 turns it off."""
     start_timeout_s: float = 300.0
 
     def check(self, pm: Any, path: str) -> None:
@@ -105,6 +122,13 @@ class RolloutSection(Section, kw_only=True):
                 raise ConfigError(f"{path}.{key}: must be at least 1")
         if self.group_size < 2:
             raise ConfigError(f"{path}.group_size: group advantages need at least 2 samples per prompt")
+        for key, most in (("group_size", MAX_GROUP_SIZE), ("max_concurrent_groups", MAX_CONCURRENT_GROUPS)):
+            if getattr(self, key) > most:
+                raise ConfigError(f"{path}.{key}: at most {most} (got {getattr(self, key)}): every sample of every "
+                                  f"group in flight is held in memory at once")
+        if self.max_restarts < 0 or self.restart_window_s < 0 or self.liveness_timeout_s < 0:
+            raise ConfigError(f"{path}: max_restarts, restart_window_s and liveness_timeout_s must be at least 0 "
+                              f"(got {self.max_restarts}, {self.restart_window_s}, {self.liveness_timeout_s})")
         resolve_plugin(pm, "relayrl_rollout_environments", self.environment, self.environment_options,
                        kind="environment", path=f"{path}.environment")
         resolve_plugin(pm, "relayrl_rollout_harnesses", self.harness, self.harness_options, kind="harness",

@@ -11,7 +11,7 @@ SIGTERM if the launcher itself dies, so a killed launcher leaves no orphans.
 Supervision: an engine that dies is restarted on the same port and bootstraps its weights from the
 store (the router sees it down, then healthy again); a dead rollout process is restarted (its
 producer continues its segment sequence); a trainer that dies abnormally is restarted and resumes
-from its newest complete checkpoint; a dead mirror is restarted (engines keep serving meanwhile). Each role has ``[rollout] max_restarts`` restarts. The run ends
+from its newest complete checkpoint; a dead mirror is restarted (engines keep serving meanwhile). Each role has ``[rollout] max_restarts`` restarts within ``restart_window_s``. The run ends
 when the trainer exits cleanly (``[trainer] steps`` reached, or stopped). A trainer of ``[trainer]
 ranks`` > 1 is one process per rank, supervised as one (:class:`TrainerRanks`).
 
@@ -50,6 +50,80 @@ from relayrl.core.config import Config
 from relayrl.core.errors import RelayrlError
 
 __all__ = ["Child", "Launcher", "RunFailed", "TrainerRanks"]
+
+
+LIVENESS_CHECK_S = 2.0
+"""How often the launcher looks for signs of life (at most; a quarter of the timeout when shorter)."""
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return None
+
+
+def engine_answers(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether the engine server at ``url`` answers ``GET /health`` within ``timeout_s``."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/health", timeout=timeout_s) as response:
+            return bool(200 <= response.status < 300)
+    except Exception:  # refused, timed out, a bad answer: no sign of life
+        return False
+
+
+def recent_restarts(child: Any, window_s: float, now: float) -> list[float]:
+    """When ``child``'s role was restarted (monotonic seconds) within the last ``window_s`` (all of its
+    restarts when ``window_s`` is 0): what ``[rollout] max_restarts`` counts."""
+    times = list(getattr(child, "restart_times", []))
+    return times if window_s <= 0 else [moment for moment in times if now - moment < window_s]
+
+
+DISK_FULL = "the disk is full"
+DISK_FULL_WAIT_S = 600.0
+"""How long the launcher waits for space before restarting a process that died of a full disk."""
+MIN_FREE_BYTES = 64 << 20
+"""Free space (beyond the newest checkpoint's size) that counts as room again."""
+
+
+def free_bytes(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on ``path``'s file system."""
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return 0
+    return stats.f_bavail * stats.f_frsize
+
+
+def newest_checkpoint_bytes(run_dir: Path) -> int:
+    """The size of the newest checkpoint's files in ``run_dir`` (what the next save needs again)."""
+    steps = sorted(run_dir.glob("checkpoints/step-*"))
+    if not steps:
+        return 0
+    return sum(path.stat().st_size for path in steps[-1].iterdir() if path.is_file())
+
+
+KNOWN_CAUSES = {"No space left on device": DISK_FULL, "Disk quota exceeded": "the disk quota is exceeded",
+                "Cannot allocate memory": "out of memory", "Too many open files": "out of file descriptors"}
+"""Errors in a dead process's last log lines that say why it died, as the restart event says them."""
+
+
+def known_cause(tail: list[str]) -> str | None:
+    """Why a process died, when its last log lines say it in a way :data:`KNOWN_CAUSES` knows."""
+    for line in reversed(tail):
+        for text, cause in KNOWN_CAUSES.items():
+            if text in line:
+                return f"{cause} ({line.strip()[-160:]})"
+    return None
+
+
+def death_cause(status: int | None, tail: list[str]) -> str | None:
+    """Why a process that exited with ``status`` died, from the last lines of its log: only for an
+    exit of its own (status > 0; a signal's victim died of the signal), and only from its last two
+    lines (the error it died of, not an earlier warning)."""
+    return known_cause(tail[-2:]) if status is not None and status > 0 else None
 
 
 class RunFailed(RelayrlError):
@@ -159,10 +233,11 @@ class TrainerRanks:
     name = "trainer"
 
     def __init__(self, argv: list[str], logs: Path, world: int, env: dict[str, str], *, backend: LauncherBackend,
-                 elastic: bool = False, max_restarts: int = 0,
+                 elastic: bool = False, max_restarts: int = 0, restart_window_s: float = 0.0,
                  on_rank_restart: Callable[[str, int, int, list[str], bool], None] = lambda *_: None) -> None:
         self.argv, self.logs, self.world, self.env, self.backend = argv, logs, world, env, backend
         self.elastic, self.max_restarts, self.on_rank_restart = elastic, max_restarts, on_rank_restart
+        self.restart_window_s = restart_window_s
         self._given_up: set[str] = set()
         self.ranks: list[RoleProcess] = []
         self.restarts = 0
@@ -232,13 +307,16 @@ class TrainerRanks:
                 continue
             tail = log_tail(child.log_path)
             child.wait(0)
-            if child.restarts >= self.max_restarts:
+            now = time.monotonic()
+            recent = recent_restarts(child, self.restart_window_s, now)
+            if len(recent) >= self.max_restarts:
                 self._given_up.add(child.name)
                 self.on_rank_restart(child.name, status, child.restarts, tail, False)
                 continue
             fresh = self.backend.place("trainer", child.name, rank=index).start(child.name, self.argv, child.log_path,
                                                                                   child.env)
             fresh.restarts = child.restarts + 1
+            fresh.restart_times = [*recent, now]
             self.ranks[index] = fresh
             self.on_rank_restart(child.name, status, fresh.restarts, tail, True)
         return None
@@ -288,6 +366,7 @@ class Launcher:
         self.config = config
         self.on_tick = on_tick
         self._display_failed = False
+        self._liveness_checked = 0.0  # when _check_liveness last looked
         if backend is None:
             from relayrl.cli.run.local_backend import LocalBackend
 
@@ -321,7 +400,8 @@ class Launcher:
         if self.config.trainer.ranks > 1:
             ranks = TrainerRanks(argv, self.layout.logs, self.config.trainer.ranks, env=self._env(),
                                  backend=self.backend, elastic=self.config.trainer.elastic,
-                                 max_restarts=self.config.rollout.max_restarts, on_rank_restart=self._rank_restarted)
+                                 max_restarts=self.config.rollout.max_restarts,
+                                 restart_window_s=self.config.rollout.restart_window_s, on_rank_restart=self._rank_restarted)
             ranks.start()
             return ranks
         return self._start("trainer", "trainer", argv)
@@ -391,9 +471,8 @@ class Launcher:
         live = [child for child in children if child is not None and child.pid is not None and child.poll() is None]
         view = {"pid": os.getpid(), "children": {child.name: child.pid for child in live},
                 "nodes": {child.name: child.node for child in live}}
-        if view != self._status_view:
-            self._status_view = view
-            self.layout.write_status("launcher", view)
+        if view != self._status_view and self.layout.write_status("launcher", view):
+            self._status_view = view  # a write that failed (a full disk) is tried again at the next tick
 
     def _wait_for_first_weights(self) -> None:
         assert self.trainer is not None
@@ -402,8 +481,10 @@ class Launcher:
         key = f"{self.config.weight_sync.prefix.strip('/')}/latest"
         while not bus.exists(key):
             if self.trainer.poll() is not None:
-                raise RunFailed(f"the trainer exited with {self.trainer.poll()} before publishing weights "
-                                f"(see {self.trainer.log_path})")
+                last = (log_tail(self.trainer.log_path, 1) or ["no output"])[-1]
+                raise RunFailed(f"the trainer exited with {self.trainer.poll()} before publishing weights: "
+                                f"{last.strip()[-240:]} (see {self.trainer.log_path}); fix the config and run it "
+                                f"again: a run that never started is started over")
             if time.monotonic() > deadline:
                 raise RunFailed("the trainer published no weights in time")
             self._tick()
@@ -471,6 +552,8 @@ class Launcher:
         limit = self.config.rollout.max_restarts
         while True:
             self._tick()
+            self._check_run_directory()
+            self._check_liveness()
             status = self.trainer.poll()
             if status == 0:
                 write_event(self.layout, "launcher", "finished", "the trainer finished")
@@ -521,23 +604,95 @@ class Launcher:
         child, self.engine_urls[index] = self._start_engine(index, port)
         return child
 
+    def _check_run_directory(self) -> None:
+        """A run directory deleted under a running run cannot be resumed or reported: stop, and say so."""
+        if not self.layout.config_path.exists():
+            raise RunFailed(f"the run directory {self.layout.root} was deleted (or its config.json) while the run was "
+                            f"going; stopping it: nothing of it can be resumed")
+
+    def _check_liveness(self) -> None:
+        """Kill a process that showed no sign of life for ``[rollout] liveness_timeout_s`` (stopped,
+        deadlocked): the restart path then restarts it, with the cause in its event.
+
+        Signs: ``status/trainer.alive`` (the trainer's loop), ``status/rollout.json`` (the rollout
+        process, every second), an engine's ``GET /health``. A process is watched from its first sign
+        after the launcher first saw it (its start-up has ``start_timeout_s``)."""
+        timeout = self.config.rollout.liveness_timeout_s
+        now = time.time()
+        if timeout <= 0 or now - self._liveness_checked < min(LIVENESS_CHECK_S, timeout / 4):
+            return
+        self._liveness_checked = now
+        watched: list[tuple[Any, Callable[[], float | None]]] = [
+            (self.trainer, lambda: _mtime(self.layout.status / "trainer.alive")),
+            (self.rollout, lambda: _mtime(self.layout.status / "rollout.json"))]
+        watched += [(engine, lambda url=url: time.time() if engine_answers(url) else None)
+                    for engine, url in zip(self.engines, self.engine_urls)]
+        for child, sign in watched:
+            if child is None or child.poll() is not None:
+                continue
+            first_seen = child.__dict__.setdefault("liveness_first_seen", now)
+            last = sign()
+            if last is not None and last >= first_seen:
+                child.__dict__["liveness_last_sign"] = max(last, child.__dict__.get("liveness_last_sign", last))
+            last_sign = child.__dict__.get("liveness_last_sign")
+            if last_sign is None or time.time() - last_sign <= timeout:
+                continue
+            child.hung = (f"no sign of life for {time.time() - last_sign:.0f} s ([rollout] liveness_timeout_s = "
+                          f"{timeout:g}): stopped or deadlocked")
+            write_event(self.layout, "launcher", "hung", f"{child.name}: {child.hung}; killing it to restart it",
+                        level="warning", data={"process": child.name})
+            members = child.ranks if isinstance(child, TrainerRanks) else [child]
+            for member in members:
+                member.terminate()
+            for member in members:
+                member.wait(5)  # SIGKILL after 5 s: a stopped process does not act on SIGTERM
+
+    def _wait_for_disk_space(self, name: str, cause: str) -> None:
+        """Before restarting a process that died of a full disk: wait (supervising) until the run
+        directory's file system has room again, so that a disk that fills and frees costs one restart,
+        not a restart storm; a disk that stays full for ``DISK_FULL_WAIT_S`` ends the run, saying so."""
+        needed = MIN_FREE_BYTES + newest_checkpoint_bytes(self.layout.root)
+        if free_bytes(self.layout.root) >= needed:
+            return
+        write_event(self.layout, "launcher", "disk-full", f"{name} died: {cause}; waiting for {needed >> 20} MiB free "
+                    f"in {self.layout.root} before restarting it", level="warning", data={"process": name})
+        deadline = time.monotonic() + DISK_FULL_WAIT_S
+        while free_bytes(self.layout.root) < needed:
+            if time.monotonic() > deadline:
+                raise RunFailed(f"{name} died: {cause}; the disk stayed full for {DISK_FULL_WAIT_S:.0f} s "
+                                f"(free space in {self.layout.root}, then continue with --resume)")
+            self._tick()
+            time.sleep(1.0)
+
     def _restart(self, child: Any, limit: int, make: Callable[[], Any]) -> Any:
         status = child.poll()
         tail = log_tail(child.log_path)
-        if child.restarts >= limit:
+        window = self.config.rollout.restart_window_s
+        now = time.monotonic()
+        recent = recent_restarts(child, window, now)
+        if len(recent) >= limit:
             print(f"last lines of {child.log_path}:\n" + "\n".join(f"  {line}" for line in tail), file=sys.stderr,
                   flush=True)
-            raise RunFailed(f"{child.name} died (exit {status}) after {child.restarts} restarts; see {child.log_path}")
+            within = f" within {window:.0f} s" if window > 0 else ""
+            cause = getattr(child, "hung", None) or death_cause(status, tail)
+            raise RunFailed(f"{child.name} died (exit {status}{': ' + cause if cause else ''}) after {len(recent)} "
+                            f"restarts{within} ([rollout] max_restarts, restart_window_s; {child.restarts} in the "
+                            f"whole run); see {child.log_path}")
         what = child.name
         if isinstance(child, TrainerRanks) and child.failed is not None:
             what = f"{child.name} (process {child.failed}; every rank restarts)"
+        cause = getattr(child, "hung", None) or death_cause(status, tail)
+        if cause and cause.startswith(DISK_FULL):
+            self._wait_for_disk_space(child.name, cause)
         # The log's last lines travel with the event: the display prints them, the report lists them.
-        write_event(self.layout, "launcher", "restart", f"{what} died (exit {status}); restarting",
+        write_event(self.layout, "launcher", "restart",
+                    f"{what} died (exit {status}{': ' + cause if cause else ''}); restarting",
                     level="warning", data={"process": child.name, "exit": status, "restarts": child.restarts + 1,
                                            "log_tail": tail, "log": str(child.log_path)})
         child.wait(0)
         fresh = make()
         fresh.restarts = child.restarts + 1
+        fresh.restart_times = [*recent, now]
         return fresh
 
     def shutdown(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,18 @@ from relayrl.core.config import Config, load_config
 from relayrl.core.store import Store, open_store
 
 __all__ = ["RunLayout"]
+
+
+_warned: set[tuple[str, str]] = set()
+
+
+def warn_once(what: str, exc: Exception) -> None:
+    """Say on stderr, once per (what, cause), that a bookkeeping write failed and the run goes on."""
+    cause = str(getattr(exc, "errno", None) or type(exc).__name__)
+    if (what, cause) not in _warned:
+        _warned.add((what, cause))
+        print(f"relayrl run: could not write {what} ({getattr(exc, 'strerror', None) or exc}); the run goes on",
+              file=sys.stderr, flush=True)
 
 
 class RunLayout:
@@ -75,13 +88,38 @@ class RunLayout:
     def model_path(self, config: Config) -> Path:
         return Path(config.model.path).expanduser() if config.model.path else self.model_dir
 
-    def write_status(self, name: str, data: dict[str, Any]) -> None:
-        """Atomically replace ``status/<name>.json`` (a process's own view, read by the launcher and trainer)."""
-        self.status.mkdir(parents=True, exist_ok=True)
+    def write_status(self, name: str, data: dict[str, Any]) -> bool:
+        """Atomically replace ``status/<name>.json`` (a process's own view, read by the launcher and trainer).
+
+        Bookkeeping, not the run: when the file system refuses it (a full disk, a run directory being
+        deleted) it is logged, once per cause, and the caller goes on; the next write replaces it.
+        Whether it was written."""
         path = self.status / f"{name}.json"
         partial = path.with_suffix(".json.partial")
-        partial.write_text(json.dumps(data, sort_keys=True))
-        partial.replace(path)
+        try:
+            self.status.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps(data, sort_keys=True))
+            partial.replace(path)
+        except OSError as exc:
+            warn_once(f"status/{name}.json", exc)
+            return False
+        return True
+
+    def beat(self, name: str) -> None:
+        """A sign of life of process ``name``: ``status/<name>.alive``'s time set to now (the launcher's
+        liveness check reads it; see ``[rollout] liveness_timeout_s``). Needs no disk space once the
+        file exists."""
+        path = self.status / f"{name}.alive"
+        try:
+            os.utime(path)
+        except FileNotFoundError:
+            try:
+                self.status.mkdir(parents=True, exist_ok=True)
+                path.touch()
+            except OSError as exc:
+                warn_once(f"status/{name}.alive", exc)
+        except OSError as exc:
+            warn_once(f"status/{name}.alive", exc)
 
     def read_status(self, name: str) -> dict[str, Any]:
         try:

@@ -168,7 +168,7 @@ class RunLease:
                 self._record.update(heartbeat=self.clock(), beats=self._record["beats"] + 1)
                 self.store.put(_key(self.generation), json.dumps(self._record).encode())
             self._beat_failing_since = None
-        except StoreError as exc:  # the store may come back: keep beating; a newer generation decides
+        except (StoreError, OSError) as exc:  # the store may come back: keep beating; a newer generation decides
             if self._beat_failing_since is None:
                 self._beat_failing_since = self.clock()
                 print(f"relayrl run: the run lease's heartbeat failed ({exc}); retrying", flush=True)
