@@ -47,21 +47,32 @@ def run(args: argparse.Namespace) -> int:
         if not layout.exists():
             raise ConfigError(f"--resume {args.resume}: not a run directory (no config.json)")
         config = layout.load_config(overrides=overrides, pm=pm)
-        _refuse_frozen_changes(layout.load_config(pm=pm).raw, config.raw)
+        if not never_started(layout, config):  # nothing was made with the old values: any fix is fine
+            _refuse_frozen_changes(layout.load_config(pm=pm).raw, config.raw)
     else:
         if not args.config:
             raise ConfigError("relayrl run needs CONFIG (or --resume RUN_DIR)")
         config = load_config(args.config, overrides=overrides, pm=pm)
+        absolute = _absolute_bus_url(config.store.url)
+        if absolute != config.store.url:  # recorded absolute: a --resume from elsewhere finds the same bus
+            config = load_config(args.config, overrides=[*overrides, f"store.url={json.dumps(absolute)}"], pm=pm)
         layout = RunLayout(args.run_dir or Path("runs") / config.run.name)
-        if layout.exists():
+        if layout.exists() and never_started(layout, config):
+            print(f"{layout.root} holds a run that never started (no checkpoint, nothing on its bus): "
+                  f"starting it over with this config", flush=True)
+        elif layout.exists():
             raise ConfigError(f"{layout.root} already holds a run: continue it with --resume {layout.root}, "
                               "or choose another --run-dir")
     _preflight(config, pm)
+    problem = _bus_problem(layout, config)
+    if problem:
+        raise ConfigError(problem)
     # One launcher per run, taken before anything in the run directory or on its bus is written.
     lease = RunLease(layout.bus(config), ttl_s=config.run.lease_ttl_s, where=f"run {layout.root}")
     lease.acquire()
     try:
-        if not args.resume and layout.exists():  # another launcher created it while this one started
+        if not args.resume and layout.exists() and not never_started(layout, config):
+            # another launcher created it while this one started
             raise ConfigError(f"{layout.root} already holds a run: continue it with --resume {layout.root}")
         backend = _launcher_backend(config, pm, layout.root)  # a cluster launcher connects here
         layout.create(config.raw)
@@ -84,6 +95,39 @@ def run(args: argparse.Namespace) -> int:
     if status == 130:
         print(f"stopped; continue with: relayrl run --resume {layout.root}")
     return status
+
+
+def never_started(layout: Any, config: Any) -> bool:
+    """Whether the run in ``layout`` left nothing to continue: no checkpoint in its directory and
+    nothing on its bus (no weights, no rollouts). Such a run (its trainer failed to start, say) is
+    started over by ``relayrl run CONFIG`` and takes any fix on ``--resume``."""
+    if any(layout.root.glob("checkpoints/*")):
+        return False
+    try:
+        bus = layout.bus(config)
+        return not any(bus.list(f"{prefix.strip('/')}/") for prefix in (config.weight_sync.prefix, config.buffer.prefix))
+    except Exception:  # a bus that cannot be read says nothing: not known to be empty
+        return False
+
+
+def _absolute_bus_url(url: str) -> str:
+    """``[store] url`` with a relative directory made absolute (against the directory ``relayrl run``
+    started in); other URLs as they are."""
+    if not url or ("://" in url and not url.startswith("file://")):
+        return url
+    path = Path(url.removeprefix("file://")).expanduser()
+    return url if path.is_absolute() else str(path.resolve())
+
+
+def _bus_problem(layout: Any, config: Any) -> str | None:
+    """Why the run's bus cannot be used, in one line (None when a listing of it works)."""
+    url = layout.bus_url(config)
+    try:
+        layout.bus(config).list(f"{config.weight_sync.prefix.strip('/')}/")
+    except Exception as exc:  # whatever the backend raises (a socket error, an auth error): said in one line
+        detail = " ".join(str(exc).split())[:200]
+        return f"store.url: the bus {url!r} cannot be reached ({type(exc).__name__}: {detail})"
+    return None
 
 
 FROZEN_ON_RESUME = ("model", "store", "weight_sync.prefix", "trainer.backend")

@@ -23,6 +23,7 @@ Mistakes fail before anything starts, naming the key::
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -102,6 +103,9 @@ class StoreSection(Section):
 
         scheme = url_scheme(self.url)
         backends = store_backends(pm)
+        if scheme == "memory":
+            raise ConfigError(f"{path}.url: {self.url!r} lives inside one process, and a run's processes share "
+                              f"the bus: use a directory (the default: the run directory) or s3://")
         if scheme not in backends and scheme not in fsspec.available_protocols():
             raise ConfigError(f"{path}.url: no store handles scheme {scheme!r} of {self.url!r} "
                               f"(registered: {', '.join(sorted(backends))}; is a plugin missing?)")
@@ -249,7 +253,8 @@ def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[s
         try:
             sections[name] = convert(data.get(name, {}), section_type, path=name)
             if isinstance(sections[name], Section):
-                sections[name].check(pm, name)
+                sections[name].check(pm, name)  # first: a section's own rule says more ("> 0")
+                _refuse_non_finite(sections[name], name)
         except ConfigError as exc:
             raise blamed(str(exc)) from None
     config = Config(sections, origin, data)
@@ -263,6 +268,22 @@ def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[s
 
 
 # --------------------------------------------------------------------------------- internals
+def _refuse_non_finite(value: Any, path: str) -> None:
+    """Every number of a section (its fields, nested sections, tables and lists) finite: an infinite or
+    NaN coefficient, rate or bound would poison the weights or wait forever, and no option means it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{path}: must be a finite number, got {value}")
+    if isinstance(value, msgspec.Struct):
+        for field in msgspec.structs.fields(value):
+            _refuse_non_finite(getattr(value, field.name), f"{path}.{field.name}")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_non_finite(item, f"{path}.{key}")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _refuse_non_finite(item, f"{path}[{index}]")
+
+
 def _origin_of(message: str, origin: str, overrides: list[str], from_file: Mapping[str, Any]) -> str:
     """``--set KEY=VALUE`` when the message's dotted key is (inside) an overridden key, or a key only
     an override introduced; else ``origin`` (the file)."""

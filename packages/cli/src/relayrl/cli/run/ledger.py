@@ -41,20 +41,38 @@ class LedgerWriter:
         self._file.close()
 
 
-def read_ledger(run_dir: str | os.PathLike[str], *, up_to_step: int | None = None) -> dict[int, dict[str, Any]]:
-    """Step -> its last record (steps above ``up_to_step`` left out: they were never checkpointed)."""
+def read_ledger(run_dir: str | os.PathLike[str], *, up_to_step: int | None = None,
+                malformed: list[int] | None = None) -> dict[int, dict[str, Any]]:
+    """Step -> its last record (steps above ``up_to_step`` left out: they were never checkpointed).
+
+    A line that is not a ledger record (valid JSON of another shape: ``{"step": "x"}``, ``[]``) is
+    skipped and its line number appended to ``malformed``; a line cut short by a kill (not JSON) is
+    skipped silently, as the writer leaves it."""
     path = Path(run_dir) / "ledger.jsonl"
     records: dict[int, dict[str, Any]] = {}
     if not path.exists():
         return records
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut short by a kill
+        if not _is_record(record):
+            if malformed is not None and line.strip():
+                malformed.append(number)
+            continue
         if up_to_step is None or record["step"] <= up_to_step:
             records[int(record["step"])] = record
     return records
+
+
+def _is_record(record: Any) -> bool:
+    """Whether ``record`` has the shape :meth:`LedgerWriter.write` gives a line."""
+    return (isinstance(record, dict) and type(record.get("step")) is int
+            and isinstance(record.get("trained"), list) and all(isinstance(ref, str) for ref in record["trained"])
+            and isinstance(record.get("dropped"), list)
+            and all(isinstance(item, list) and len(item) == 2 and all(isinstance(part, str) for part in item)
+                    for item in record["dropped"]))
 
 
 @dataclasses.dataclass
@@ -113,7 +131,12 @@ def verify_run(run_dir: str | os.PathLike[str]) -> RunCheck:
 
     seen: dict[str, str] = {}
     dropped: dict[str, int] = {}
-    for step, record in sorted(read_ledger(run_dir, up_to_step=final_step).items()):
+    malformed: list[int] = []
+    records = read_ledger(run_dir, up_to_step=final_step, malformed=malformed)
+    if malformed:
+        errors.append(f"ledger.jsonl: {len(malformed)} line(s) are not ledger records (line "
+                      f"{', '.join(map(str, malformed[:5]))})")
+    for step, record in sorted(records.items()):
         entries = [(ref, "trained") for ref in record["trained"]] + [(ref, f"dropped:{why}") for ref, why in record["dropped"]]
         for ref, outcome in entries:
             if ref in seen:
