@@ -179,6 +179,7 @@ def test_resume_refuses_overrides_that_its_checkpoints_and_weights_cannot_follow
     run_dir.mkdir()
     written = json.dumps(load_config(Path(__file__).resolve().parents[3] / "examples" / "quickstart.toml").raw)
     (run_dir / "config.json").write_text(written)
+    (run_dir / "checkpoints" / "step-000000001").mkdir(parents=True)  # a run that started (one that never did takes fixes)
     for override, key in [("model.init.hidden_size=64", "model.init.hidden_size"), ("store.url='s3://b/r'", "store.url"),
                           ("weight_sync.prefix='other'", "weight_sync.prefix")]:
         status = main(["run", "--resume", str(run_dir), "--set", override])
