@@ -138,9 +138,6 @@ def test_the_quickstart_survives_faults_that_come_and_go(mounts):
         if run.poll() is None:
             run.kill()
             output, _ = run.communicate()
-        if os.environ.get("KEEP_LOGS"):
-            import shutil
-            shutil.copytree(run_dir / "logs", os.environ["KEEP_LOGS"], dirs_exist_ok=True)
         for event in load_events(run_dir):
             if event.level != "info" or event.kind in ("restart", "hung"):
                 print(f"{event.source} {event.kind}: {event.message[:200]}")
