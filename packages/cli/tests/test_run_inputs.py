@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from relayrl.cli.run.launcher import KNOWN_CAUSES, known_cause, recent_restarts
 from relayrl.cli.run.ledger import verify_run
+from relayrl.cli.run.supervision import KNOWN_CAUSES, known_cause, recent_restarts
 
 ROOT = Path(__file__).resolve().parents[3]
 QUICKSTART = ROOT / "examples" / "quickstart.toml"
