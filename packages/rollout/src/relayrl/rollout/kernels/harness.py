@@ -14,8 +14,11 @@ Three processes, so that nothing the candidate runs can touch the clock or the r
 
 Workers receive their inputs through a shared-memory file the harness writes just before each
 batch (the reference's file is unlinked before the candidate starts), run the batch when told,
-and reply when done; the harness times the round trip with its own clock. Every call of a batch
-gets inputs no earlier call saw, so neither a cache nor a lookup of "known" inputs can answer it.
+and reply when done. The harness times each batch from outside the worker: on the CPU by the CPU
+time the worker's threads ran in it (the kernel's account), on a device by the round trip on its own
+clock; the candidate is charged whatever CPU it spends outside its batches beyond the reference's
+(:meth:`Session.timed_seconds`). Every call of a batch gets inputs no earlier call saw, so neither a
+cache nor a lookup of "known" inputs can answer it.
 After each timed batch the worker reports a digest of every output (the dot product with random
 weights, drawn from a seed the harness picks per grading and sends with the request), which the
 harness compares, within the task's tolerance, with the reference's outputs for the same inputs: a
@@ -27,15 +30,19 @@ A task's ``framework`` is ``numpy`` (functions take and return arrays) or ``torc
 job's ``device``, ``cpu`` or ``cuda``): before each timed batch, untimed, every call's inputs are
 copied to the device; the batch ends when the device has finished (the worker synchronises before
 it replies, so work left queued on the device, on any stream, is timed); outputs come back to the
-host as NumPy arrays for the same checks.
+host as NumPy arrays for the same checks, made inside the timed batch.
 
-What the candidate worker may do is narrowed twice. A Python audit hook, installed before the
-candidate's source is compiled, refuses (and reports on a channel the candidate cannot reach
-back into) file opens, imports of modules not already loaded, new threads and processes, signals,
-sockets, ``ctypes`` and dynamic ``exec``/``compile``. And, whatever the hook misses, the harness
+What the candidate worker may do is narrowed three times. The kernel first: before either worker
+loads its function, it locks itself down (:func:`lock_down`: not dumpable, no capabilities, a
+seccomp filter), so no path reaches another process, another core, a timer or (on the CPU) a file.
+A Python audit hook, installed after the candidate's source is compiled, refuses (and reports on a
+channel the candidate cannot reach back into) file opens, imports of modules not already loaded,
+new threads and processes, signals, sockets, ``ctypes``, frames and dynamic ``exec``/``compile``.
+And, whatever the hook misses, the harness
 watches the operating system: the candidate worker must keep the thread count it had after
-loading, start no process, and use no CPU while it is not running a batch (work done outside the
-timed region: in a background thread, at import, or between batches). Any of these is a flag.
+loading, start no process, and use no more CPU outside its batches than the reference (work done
+outside the timed region: in a background thread or between batches). Past a slack, any of these is
+a flag; below it, the CPU is charged to the candidate's time.
 """
 
 from __future__ import annotations
