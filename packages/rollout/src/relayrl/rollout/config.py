@@ -103,9 +103,9 @@ class RolloutSection(Section, kw_only=True):
     liveness_timeout_s: float = 300.0
     """A process of the run that shows no sign of life for this long is taken for hung (stopped,
     deadlocked, stuck in a collective or a driver), named in an event and on the display, killed and
-    restarted like a dead one. Signs: the trainer's loop and the rollout process write theirs at least
-    every second, an engine answers ``GET /health``; a process is watched from its first sign on (its
-    start-up has ``start_timeout_s``). Keep it above the slowest trainer step. 0 turns it off."""
+    restarted like a dead one. Signs: the trainer (its loop; a thread while it starts) and the rollout
+    process touch ``status/<name>.alive`` every second, an engine answers ``GET /health``; a process is
+    watched from its first sign on. Keep it above the slowest trainer step. 0 turns it off."""
     start_timeout_s: float = 300.0
 
     def check(self, pm: Any, path: str) -> None:

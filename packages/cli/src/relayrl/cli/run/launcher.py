@@ -552,9 +552,10 @@ class Launcher:
         """Kill a process that showed no sign of life for ``[rollout] liveness_timeout_s`` (stopped,
         deadlocked): the restart path then restarts it, with the cause in its event.
 
-        Signs: ``status/trainer.alive`` (the trainer's loop), ``status/rollout.json`` (the rollout
-        process, every second), an engine's ``GET /health``. A process is watched from its first sign
-        after the launcher first saw it (its start-up has ``start_timeout_s``)."""
+        Signs: ``status/trainer.alive`` (the trainer's loop; a thread of it while it starts),
+        ``status/rollout.alive`` (the rollout process's event loop, every second), an engine's
+        ``GET /health``. Touching a file needs no disk space, so a full disk is not taken for a hang.
+        A process is watched from its first sign after the launcher first saw it."""
         timeout = self.config.rollout.liveness_timeout_s
         now = time.time()
         if timeout <= 0 or now - self._liveness_checked < min(LIVENESS_CHECK_S, timeout / 4):
@@ -562,7 +563,7 @@ class Launcher:
         self._liveness_checked = now
         watched: list[tuple[Any, Callable[[], float | None]]] = [
             (self.trainer, lambda: mtime(self.layout.status / "trainer.alive")),
-            (self.rollout, lambda: mtime(self.layout.status / "rollout.json"))]
+            (self.rollout, lambda: mtime(self.layout.status / "rollout.alive"))]
         watched += [(engine, lambda url=url: time.time() if engine_answers(url) else None)
                     for engine, url in zip(self.engines, self.engine_urls)]
         for child, sign in watched:

@@ -130,6 +130,7 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
                     if controller is not None:
                         item["weight_sync"] = apply_timings(controller)
                 write_status()
+                layout.beat("rollout")  # the launcher's liveness check: needs no disk space, unlike the status
             beat += 1
             await asyncio.sleep(0.25)
 

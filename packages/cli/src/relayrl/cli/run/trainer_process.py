@@ -300,6 +300,10 @@ class TrainerProcess:
         # Elastic ranks take the version with the leader's state when they (re)join.
         self.trainer.version = version if self.ranks.elastic else self.ranks.broadcast(version)
 
+    def _beat_until(self, started: threading.Event) -> None:
+        while not started.wait(1.0):
+            self.layout.beat("trainer")
+
     # ------------------------------------------------------------------ the loop
     def run(self) -> int:
         if self.ranks.elastic and not self.ranks.leader:
@@ -310,6 +314,11 @@ class TrainerProcess:
         total = self.config.trainer.steps
         if leader:
             self.layout.write_status("trainer", {"phase": "starting"})
+        # Signs of life while it starts (loading, restoring, warming up: no loop yet) come from a thread:
+        # a stopped process gives none; a deadlock at start-up is left to start_timeout_s.
+        started = threading.Event()
+        if leader:
+            threading.Thread(target=self._beat_until, args=(started,), name="trainer-beat", daemon=True).start()
         try:
             self._restore_or_start()
         except StoppedDuringWarmup as stopped:
@@ -323,6 +332,7 @@ class TrainerProcess:
             self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": total})
         if self.ranks.elastic:
             self._open_elastic_group()
+        started.set()  # from here the loop itself gives the signs: a loop that hangs gives none
         try:
             while True:
                 if leader and time.monotonic() - self._beaten > 1.0:  # the launcher's liveness check reads it
