@@ -348,6 +348,10 @@ def _digest(np, output, weights, tolerance: dict, limit: int) -> dict:
             "nonfinite": int(flat.size - int(finite.sum()))}
 
 
+MAX_ALARMS = 32
+"""Refusals a candidate worker reports (the first ones): one is enough to flag it."""
+
+
 def _install_guard(alarms, code, allowed_imports: tuple[str, ...] = ALLOWED_IMPORTS) -> None:
     """Refuse and report what a candidate has no business doing (see the module docstring).
 
@@ -394,10 +398,6 @@ def _install_guard(alarms, code, allowed_imports: tuple[str, ...] = ALLOWED_IMPO
     threading._start_new_thread = refuse_thread
     if hasattr(threading, "_start_joinable_thread"):
         threading._start_joinable_thread = refuse_thread
-
-
-MAX_ALARMS = 32
-"""Refusals a candidate worker reports (the first ones): one is enough to flag it."""
 
 
 # ----------------------------------------------------------------------------- lock-down
@@ -755,7 +755,6 @@ class Session:
         # One weights seed for the session, so that digests of different calls compare.
         self.weights_seed = int(self.rng.integers(1 << 62))
         self.seen: list[dict] = []
-        self.fetched: dict[int, tuple] = {}  # output index -> (reference's, candidate's), this batch
         self.disturbed = 0  # rounds whose reference ran far longer than its CPU time
 
     def start(self, role: str, source: str, entry: str) -> Worker:
@@ -825,15 +824,16 @@ class Session:
         by_cpu = self.job.get("device", "cpu") == "cpu"
         seconds = {role: (in_batch[role] if by_cpu else wall[role]) for role in in_batch}
         seconds["candidate"] += max(0.0, outside["candidate"] - outside["reference"] - CHARGE_SLACK_S)
-        if wall["reference"] > 1.5 * in_batch["reference"] + 0.002:
+        if by_cpu and wall["reference"] > 1.5 * in_batch["reference"] + 0.002:  # on a device the CPU may idle
             self.disturbed += 1
         return seconds
 
-    def check_whole(self, reference: Worker, candidate: Worker, index: int, sizes: dict) -> None:
+    def check_whole(self, reference: Worker, candidate: Worker, index: int, sizes: dict,
+                    outputs: tuple | None = None) -> None:
         """Compare output ``index`` of both workers element by element (Incorrect, or Flagged when only
-        a lower precision explains the difference)."""
+        a lower precision explains the difference); ``outputs``: both, already fetched."""
         np = self.np
-        expected, got = self.fetched.get(index) or (self.fetch(reference, index), self.fetch(candidate, index))
+        expected, got = outputs or (self.fetch(reference, index), self.fetch(candidate, index))
         if isinstance(expected, str):
             raise RuntimeError(f"the reference's output: {expected}")
         if isinstance(got, str):
@@ -900,10 +900,10 @@ class Session:
                 raise Flagged("background-thread", f"the candidate's process went from {worker.threads} to "
                                                    f"{worker.thread_count()} threads")
         found = {worker.role: self.digests(worker) for worker in (reference, candidate)}
-        fetched = set() if whole is None else {int(index) for index in
-                                               self.rng.choice(count, size=min(whole, count), replace=False)}
-        for index in sorted(fetched):  # read now, inside the accounted cycle; compared below
-            self.fetched[index] = (self.fetch(reference, index), self.fetch(candidate, index))
+        drawn = [] if whole is None else sorted(int(index) for index in
+                                                self.rng.choice(count, size=min(whole, count), replace=False))
+        # Read now, inside the accounted cycle; compared below.
+        fetched = {index: (self.fetch(reference, index), self.fetch(candidate, index)) for index in drawn}
         outside = {worker.role: worker.cpu_seconds() - cycle_start[worker.role] - in_batch[worker.role]
                    for worker in (reference, candidate)}
         if outside["candidate"] > 2 * outside["reference"] + OUTSIDE_CPU_SLACK_S:
@@ -932,9 +932,8 @@ class Session:
         self.seen = (self.seen + found["reference"])[-4096:]
         # Element by element: all calls, or ``whole`` drawn now that the batch has run. Before a
         # digest's verdict, so that a lower precision is named as such.
-        for index in (range(count) if whole is None else sorted(fetched)):
-            self.check_whole(reference, candidate, int(index), sizes)
-        self.fetched.clear()
+        for index in (range(count) if whole is None else drawn):
+            self.check_whole(reference, candidate, index, sizes, fetched.get(index))
         if wrong:
             raise Incorrect(wrong)
         return seconds
