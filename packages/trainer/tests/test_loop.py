@@ -274,9 +274,9 @@ def test_a_starved_loop_publishes_again_the_weights_a_store_outage_refused(tmp_p
         loop.publisher.publish(dict(loop.backend.named_full_state()), version=loop.backend.version).result()
     reason = loop.republish_reason()
     assert reason and f"did not take version {first + 1}" in reason
-    assert loop.republish(reason) is False  # still down: said, not raised; retried at the next check
+    assert isinstance(loop.republish(reason), StoreError)  # still down: said, not raised; retried at the next check
     Outage.down = False
-    assert loop.republish(reason) is True
+    assert loop.republish(reason) is None
     assert loop.republish_reason() is None
     newest = WeightBus(bus).newest_version()
     assert newest > first and newest == loop.backend.version

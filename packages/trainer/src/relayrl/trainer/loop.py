@@ -344,17 +344,18 @@ class TrainingLoop:
             return "an engine could not verify the published weights"
         return None
 
-    def republish(self, reason: str) -> bool:
-        """Publish the current weights under a new number (a fresh snapshot); False (logged, retried
-        at the next check) when the store refuses them too."""
+    def republish(self, reason: str, weights: Mapping[str, Any] | None = None) -> Exception | None:
+        """Publish the current weights (``weights``, gathered by the caller from every rank, else the
+        backend's) under a new number (a fresh snapshot). None when published; else what the store
+        said (logged; the next check tries again)."""
         try:
-            self.publish_current(renumber=True)
+            self.publish_start(dict(self.backend.named_full_state()) if weights is None else weights, renumber=True)
         except Exception as exc:
             log.warning("%s; publishing the weights again failed too (%s): retrying in %.0f s", reason, exc,
                         REPUBLISH_CHECK_S)
-            return False
+            return exc
         log.warning("%s; published the weights again as version %d", reason, int(self.backend.version))
-        return True
+        return None
 
     def publish_current(self, *, renumber: bool = False) -> int:
         """Publish the weights as they are now (at start-up: engines bootstrap from them); the version."""

@@ -111,13 +111,11 @@ class RunLayout:
         file exists."""
         path = self.status / f"{name}.alive"
         try:
-            os.utime(path)
-        except FileNotFoundError:
             try:
+                os.utime(path)
+            except FileNotFoundError:  # the first beat
                 self.status.mkdir(parents=True, exist_ok=True)
                 path.touch()
-            except OSError as exc:
-                warn_once(f"status/{name}.alive", exc)
         except OSError as exc:
             warn_once(f"status/{name}.alive", exc)
 

@@ -289,14 +289,11 @@ class TrainerProcess:
         if self.loop is not None and not reason:
             version = self.loop.publish_start(weights, renumber=renumber)
         elif self.loop is not None:
-            try:
-                version = self.loop.publish_start(weights, renumber=renumber)
-                write_event(self.layout, "trainer", "weights-republished",
-                            f"{reason}; published the weights again as version {version}", level="warning")
-            except Exception as exc:
-                version = int(self.loop.backend.version)
-                write_event(self.layout, "trainer", "weights-unpublished",
-                            f"{reason}; publishing them again failed too ({exc}); retrying", level="warning")
+            failure = self.loop.republish(reason, weights)
+            version = int(self.loop.backend.version)
+            write_event(self.layout, "trainer", "weights-unpublished" if failure else "weights-republished",
+                        f"{reason}; publishing them again failed too ({failure}); retrying" if failure
+                        else f"{reason}; published the weights again as version {version}", level="warning")
         # Elastic ranks take the version with the leader's state when they (re)join.
         self.trainer.version = version if self.ranks.elastic else self.ranks.broadcast(version)
 
