@@ -203,7 +203,7 @@ SYSTEM_TOOLS = {"bwrap": "bubblewrap", "rg": "ripgrep", "python3:numpy": "python
 ETCD = {"etcd": "etcd-server"}
 BROWSER = {"chromium": "chromium"}
 """For the trajectory viewer's test in a real headless browser (relayrl-cli)."""
-NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "cli", "integration", "rollout", "relayrl-reasoning-gym"}
+NEEDS_SYSTEM_TOOLS = {"sandbox", "relayrl-bwrap", "cli", "integration", "environments", "relayrl-reasoning-gym"}
 
 
 def _present(probe: str) -> bool:

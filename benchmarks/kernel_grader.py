@@ -2,7 +2,7 @@
 
 For every shipped task, the reference is graded against itself (a candidate identical to the
 reference: the honest answer is a speed-up of 1); for the tasks with a hand-written faster candidate
-(``FAST`` in ``relayrl.rollout.kernels.catalog``), that candidate is graded too. Each grading is
+(``FAST`` in ``relayrl.environments.kernels.catalog``), that candidate is graded too. Each grading is
 repeated; the table prints the median speed-up over repeats, its range, and the interquartile range
 of per-round ratios inside one grading. Everything runs in the real sandbox and harness, timed
 interleaved on one core: the numbers are ratios measured in the same sandbox, never absolute times.
@@ -10,7 +10,7 @@ interleaved on one core: the numbers are ratios measured in the same sandbox, ne
     python benchmarks/kernel_grader.py            # every shipped task, 3 gradings each, 10 rounds
     python benchmarks/kernel_grader.py --quick    # 3 tasks, 1 grading, 3 rounds (a CI smoke run)
 
-The PyTorch tasks (``relayrl.rollout.kernels.torch_catalog``) take an interpreter with PyTorch that
+The PyTorch tasks (``relayrl.environments.kernels.torch_catalog``) take an interpreter with PyTorch that
 the sandbox can run, and a device; their results are a file of their own:
 
     python benchmarks/kernel_grader.py --framework torch --python /var/cache/relayrl/kernel-torch-python/bin/python
@@ -39,9 +39,9 @@ def main() -> int:
     parser.add_argument("--python", default="python3", help="the interpreter inside the sandbox")
     parser.add_argument("--backend", default=None, help="the sandbox backend (default: the strongest this host runs)")
     args = parser.parse_args()
-    from relayrl.rollout.kernels.catalog import FAST, shipped_tasks
-    from relayrl.rollout.kernels.grading import KernelGrader, KernelReward
-    from relayrl.rollout.kernels.torch_catalog import TORCH_FAST
+    from relayrl.environments.kernels.catalog import FAST, shipped_tasks
+    from relayrl.environments.kernels.grading import KernelGrader, KernelReward
+    from relayrl.environments.kernels.torch_catalog import TORCH_FAST
     from relayrl.sandbox import SandboxSection
 
     section = SandboxSection(backend=args.backend) if args.backend else None

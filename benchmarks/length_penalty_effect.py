@@ -89,7 +89,7 @@ def repeated_answers_by_step(run_dir: Path) -> dict[int, tuple[int, int]]:
     trained. Successes only: a failed answer that names one file twice instead of two files is a
     copying slip, not the verbose behaviour, and the penalty never charges failures."""
     from relayrl.cli.view import collect_groups
-    from relayrl.rollout.search import final_answer
+    from relayrl.environments.code_search import final_answer
 
     counts: dict[int, tuple[int, int]] = {}
     for entry in collect_groups(run_dir):

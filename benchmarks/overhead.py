@@ -47,7 +47,7 @@ from results import command_line, commit, write_results
 
 from relayrl.algo.optim import OptimizerSection, build_optimizer
 from relayrl.core.config import load_config
-from relayrl.rollout.countdown import CountdownEnvironment, score
+from relayrl.environments.countdown import CountdownEnvironment, score
 from relayrl.rollout.evaluation import split_tasks
 from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
 from relayrl.trainer.warmup import supervised_warmup

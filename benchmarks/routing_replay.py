@@ -49,8 +49,8 @@ from relayrl.algo.config import AlgoSection, SamplingSection
 from relayrl.algo.optim import OptimizerSection
 from relayrl.core.arrays import pack_u32
 from relayrl.core.wire import Group, Trajectory, TrajectorySegment, Turn
+from relayrl.environments.countdown import ALPHABET, make_tasks, score
 from relayrl.rollout.chat import CharTokenizer, RawChatFormat
-from relayrl.rollout.countdown import ALPHABET, make_tasks, score
 from relayrl.rollout.engines.torch_engine import TorchEngine
 from relayrl.rollout.models import load_model, materialize_model
 from relayrl.rollout.protocol import GenerateRequest, SamplingParams

@@ -100,9 +100,9 @@ def grading_rows(backend, answers: int) -> tuple[float, float]:
     """Seconds to grade ``answers`` gold patches: the bare unittest baseline, then the grader."""
     import shutil
 
+    from relayrl.environments.bugfix import shipped_tasks
     from relayrl.sandbox.grading import Grader
     from relayrl.sandbox.local import BASE_ENV
-    from relayrl.sandbox.tasks import shipped_tasks
     from relayrl.sandbox.workspace import apply_patch_locally, prepare_workspace
 
     task = next(task for task in shipped_tasks() if task.task_id == "median")

@@ -19,7 +19,8 @@
 #      run this host's python3 (not one under /root). Needs PyTorch with CUDA and relayrl's
 #      relayrl-rollout and relayrl-sandbox, not vLLM or DeepSpeed: without those, steps 1-3 are skipped.
 #
-# RELAYRL_COMMIT names the commit in the results file where the tree came without its git history.
+# RELAYRL_COMMIT names the commit in the results file where the tree came without its git history;
+# the file then says `+unverified` (nothing here can check the copy against that commit).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT="${OUT:-/tmp/relayrl-gpu-check}"
@@ -58,7 +59,7 @@ echo "== 4. the kernel grader, PyTorch tasks on CUDA"
 timeout 420 python3 benchmarks/kernel_grader.py --framework torch --device cuda --python "$(command -v python3)" \
     --backend process --repeats 2 --rounds 5 2>&1 | tee "$OUT/kernel_grader_cuda.log" | tail -12 || status=1
 RELAYRL_KERNEL_TORCH_DEVICE=cuda RELAYRL_KERNEL_TORCH_PYTHON="$(command -v python3)" timeout 400 \
-    python3 -m pytest -q -p no:cacheprovider packages/rollout/tests/test_kernels_torch.py \
+    python3 -m pytest -q -p no:cacheprovider packages/environments/tests/test_kernels_torch.py \
     -k "exploit or wrong or against_itself or faster" 2>&1 | tee "$OUT/kernel_tests_cuda.log" | tail -3 || status=1
 
 echo "== done (status $status); logs in $OUT"

@@ -158,7 +158,7 @@ def test_the_runs_held_out_evaluations_are_in_its_metrics_report_and_agree_with_
         print(f"no evaluation ended before the last steps ({[r['wall_s'] for r in results]} s): nothing to fold")
     # The held-out split never reached training: no committed group asks a held-out prompt.
     from relayrl.cli.view import collect_groups
-    from relayrl.rollout.countdown import CountdownConfig, CountdownEnvironment
+    from relayrl.environments.countdown import CountdownConfig, CountdownEnvironment
 
     held_out = {task.task_id: task for task in CountdownEnvironment(CountdownConfig(tasks=TASKS)).eval_tasks()[:16]}
     prompts = {task.instruction for task in held_out.values()}

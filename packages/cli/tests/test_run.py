@@ -182,7 +182,7 @@ def test_ctrl_c_during_the_warm_up_stops_the_trainer_at_once_not_after_it(tmp_pa
 def test_ctrl_c_while_the_demonstrations_are_played_stops_the_trainer_at_once(tmp_path):
     """Demonstrations graded one by one (the kernels example's 300 take minutes) are cancelled by a
     stop, not played to the end (or cut short by the launcher's kill, which leaves no word)."""
-    from relayrl.rollout.kernels.grading import KernelGrader
+    from relayrl.environments.kernels.grading import KernelGrader
 
     reason = KernelGrader().check()
     if reason:
@@ -241,7 +241,7 @@ def test_the_kernels_example_grades_every_submission_in_a_sandbox_and_trains(tmp
     submissions graded in sandboxes with their feedback in the context, rewards from the grader,
     groups trained, the ledger clean), not that it learned."""
     from relayrl.cli.run.ledger import verify_run
-    from relayrl.rollout.kernels.grading import KernelGrader
+    from relayrl.environments.kernels.grading import KernelGrader
 
     reason = KernelGrader().check()
     if reason:
@@ -413,7 +413,7 @@ def test_relayrl_eval_runs_the_agent_on_code_search_and_on_a_bug_fix_task_file(a
     (code-search's held-out tasks) and the isolated hidden-test grader (a task directory, served by
     the code environment)."""
     from relayrl.cli.main import main
-    from relayrl.sandbox.tasks import SHIPPED
+    from relayrl.environments.bugfix import SHIPPED_TASKS
 
     assert main(["eval", str(agent_run), "--tasks", "code-search", "--limit", "2", "--samples", "2",
                  "--out", str(tmp_path / "search")]) == 0, capsys.readouterr().err
@@ -421,7 +421,7 @@ def test_relayrl_eval_runs_the_agent_on_code_search_and_on_a_bug_fix_task_file(a
     assert summary["spec"]["tasks"] == "code-search (eval split)" and summary["overall"]["samples"] == 4
     assert summary["overall"]["tool_calls"] > 0 and summary["overall"]["turns"] >= 1
     assert all(task["task_id"].startswith("cs-eval-") for task in summary["tasks"])
-    assert main(["eval", str(agent_run), "--tasks", str(SHIPPED / "bugfix"), "--limit", "1", "--samples", "1",
+    assert main(["eval", str(agent_run), "--tasks", str(SHIPPED_TASKS), "--limit", "1", "--samples", "1",
                  "--out", str(tmp_path / "bugfix")]) == 0, capsys.readouterr().err
     summary = json.loads((tmp_path / "bugfix" / "summary.json").read_text())
     assert summary["spec"]["environment"]["name"] == "code" and summary["overall"]["samples"] == 1

@@ -14,7 +14,8 @@ from relayrl.buffer import PromptScheduler, SegmentWriter
 from relayrl.core.store import open_store
 from relayrl.core.wire import TaskSpec
 from relayrl.rollout.agent import SingleTurn
-from relayrl.rollout.manager import RolloutManager, with_rewards
+from relayrl.rollout.environment import with_rewards
+from relayrl.rollout.manager import RolloutManager
 from relayrl.rollout.protocol import GenerateRequest, SamplingParams, StreamEvent
 from relayrl.rollout.routing import TokenRecordingProxy
 from relayrl.rollout.testing.scripted import CHAT, ScriptedEngine

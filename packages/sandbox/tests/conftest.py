@@ -19,11 +19,3 @@ def backend():
                                             disk_bytes=64 * 1024**2), require=[])
     except SandboxUnavailable as exc:  # network-none is implied by the default network = "none"
         pytest.skip(f"the process backend cannot start on this host: {exc}")
-
-
-@pytest.fixture
-def tasks():
-    """The shipped bug-fix tasks by id."""
-    from relayrl.sandbox.tasks import shipped_tasks
-
-    return {task.task_id: task for task in shipped_tasks()}

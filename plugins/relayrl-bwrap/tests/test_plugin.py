@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from relayrl.core.plugins import create_plugin_manager
-from relayrl.rollout.testing.kernel_exploits import KernelExploitTests
+from relayrl.environments.testing import GraderTests, KernelExploitTests
 from relayrl.sandbox.api import SandboxUnavailable
 from relayrl.sandbox.config import SandboxSection, backends, open_backend
 from relayrl.sandbox.local import SETUP_ATTEMPTS
-from relayrl.sandbox.testing import GraderTests, SandboxTests
+from relayrl.sandbox.testing import SandboxTests
 from relayrl_bwrap.backend import BwrapBackend, probe_bwrap
 from relayrl_bwrap.plugin import NAME
 

@@ -31,7 +31,7 @@ import msgspec
 from relayrl.core.config import Section
 from relayrl.core.errors import ConfigError, RelayrlError
 from relayrl.core.wire import CheatingFlag, TaskSpec, Trajectory
-from relayrl.rollout.hookspecs import Environment
+from relayrl.rollout.environment import Environment
 
 __all__ = ["DEFAULT_PROMPT", "MixEntry", "ReasoningGymConfig", "ReasoningGymEnvironment"]
 
@@ -232,14 +232,13 @@ class ReasoningGymEnvironment(Environment):
         return f"<{tag}>{task.answer}</{tag}>" if self.config.answer_format == "tag" else str(task.answer)
 
     def tools(self, task: TaskSpec) -> Any:
-        from relayrl.rollout.manager import no_tools
+        from relayrl.rollout.environment import no_tools
 
         return no_tools(task)
 
     # ------------------------------------------------------------------ grading
     async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
-        from relayrl.rollout.countdown import final_text
-        from relayrl.rollout.manager import with_rewards
+        from relayrl.rollout.environment import final_text, with_rewards
         from relayrl_reasoning_gym.detectors import code_in_answer
         from relayrl_reasoning_gym.scorer import extract_answer
 

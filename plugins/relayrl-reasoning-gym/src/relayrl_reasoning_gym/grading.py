@@ -1,6 +1,6 @@
 """Scoring answers in the sandbox: one command per window of answers, each answer in a child of its own.
 
-:class:`ScorerGrader` is relayrl-rollout's :class:`~relayrl.rollout.batch_grading.BatchedSandboxGrader`
+:class:`ScorerGrader` is relayrl-environments' :class:`~relayrl.environments.batch_grading.BatchedSandboxGrader`
 (answers of groups that finish within ``window_s`` of each other share one sandbox command: the
 scorer imports reasoning_gym once, about a second) whose command is
 :mod:`relayrl_reasoning_gym.scorer` and whose result per answer is a :class:`ScoreResult`, not a
@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from relayrl.core.errors import RelayrlError
-from relayrl.rollout.batch_grading import BatchedSandboxGrader
+from relayrl.environments.batch_grading import BatchedSandboxGrader
 
 __all__ = ["HASH_SEED", "ScoreResult", "ScorerGrader", "generate_entries", "scorer_source"]
 

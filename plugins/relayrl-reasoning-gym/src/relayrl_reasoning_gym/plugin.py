@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from relayrl.core.plugins import Registration, hookimpl
 
 if TYPE_CHECKING:
-    from relayrl.rollout.hookspecs import EnvironmentFactory
+    from relayrl.rollout.environment import EnvironmentFactory
 
 NAME = "reasoning-gym"
 

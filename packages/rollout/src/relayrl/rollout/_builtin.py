@@ -1,4 +1,5 @@
-"""relayrl-rollout's own plugin: its hookspecs, the torch engine and the built-in routers."""
+"""relayrl-rollout's own plugin: its hookspecs, the torch engine, the built-in routers and harnesses
+(the built-in environments are relayrl-environments')."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from relayrl.core.plugins import Registration, RelayrlPluginManager, hookimpl
 
 if TYPE_CHECKING:
-    from relayrl.rollout.hookspecs import EngineFactory, EnvironmentFactory, HarnessFactory, RouterFactory
+    from relayrl.rollout.hookspecs import EngineFactory, HarnessFactory, RouterFactory
     from relayrl.rollout.protocol import InferenceEngine
 
 
@@ -59,22 +60,6 @@ def relayrl_rollout_harnesses() -> Iterator[Registration[HarnessFactory]]:
 
     yield Registration("coding-agent", CodingAgent, "multi-turn tool use, parallel calls, self-compaction", config=CodingAgent.Config)
     yield Registration("single-turn", SingleTurn, "one answer, no tools", config=SingleTurn.Config)
-
-
-@hookimpl
-def relayrl_rollout_environments() -> Iterator[Registration[EnvironmentFactory]]:
-    from relayrl.rollout.countdown import CountdownEnvironment
-    from relayrl.rollout.environments import CodeEnvironment
-    from relayrl.rollout.kernels.environment import KernelEnvironment
-    from relayrl.rollout.search import CodeSearchEnvironment
-
-    yield Registration("countdown", CountdownEnvironment, "countdown-lite arithmetic, answers graded in the sandbox", config=CountdownEnvironment.Config)
-    yield Registration("code", CodeEnvironment, "the shipped bug-fix tasks: agent tools and hidden tests in sandboxes", config=CodeEnvironment.Config)
-    yield Registration("code-search", CodeSearchEnvironment,
-                       "generated repositories: find files with search tools in sandboxes, F1 graded in a sandbox", config=CodeSearchEnvironment.Config)
-    yield Registration("kernels", KernelEnvironment,
-                       "faster NumPy kernels: correctness on fresh inputs and interleaved timing in sandboxes, "
-                       "timing exploits flagged", config=KernelEnvironment.Config)
 
 
 @hookimpl

@@ -34,8 +34,9 @@ import msgspec
 from relayrl.algo.evaluation import pass_at_k
 from relayrl.core.wire import Group, TaskSpec, Trajectory
 from relayrl.rollout.costs import trajectory_costs
-from relayrl.rollout.countdown import final_text
-from relayrl.rollout.manager import Grader, Harness, ToolsFactory, no_tools
+from relayrl.rollout.environment import Environment, final_text, no_tools
+from relayrl.rollout.hookspecs import Harness
+from relayrl.rollout.manager import ToolsFactory
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
 
@@ -146,7 +147,7 @@ def completed_tasks(records: Iterable[SampleRecord], samples: int) -> set[str]:
 
 
 async def evaluate(tasks: Sequence[TaskSpec], *, samples: int, harness: Harness, proxy: TokenRecordingProxy,
-                   chat: Any, sampling: SamplingParams, grader: Grader, tools: ToolsFactory = no_tools,
+                   chat: Any, sampling: SamplingParams, grader: Environment, tools: ToolsFactory = no_tools,
                    seed: int = 0, pass_threshold: float = 1.0, skip: Iterable[str] = (), concurrency: int = 8,
                    on_task: Callable[[int, TaskSpec, Group, list[SampleRecord]], None] | None = None,
                    ) -> list[SampleRecord]:

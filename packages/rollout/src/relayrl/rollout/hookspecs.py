@@ -1,13 +1,16 @@
-"""Hook specifications owned by relayrl-rollout (documented in ``docs/plugins.md``), and the
-:class:`Environment` contract next to the hook that registers environments."""
+"""Hook specifications owned by relayrl-rollout (documented in ``docs/plugins.md``).
+
+Each contract is stated once, as a Protocol: the engine's in :mod:`relayrl.rollout.protocol`, the
+environment's in :mod:`relayrl.rollout.environment`, the factories' and the harness's here. A hook's
+docstring says what the hook registers and points at its Protocol; it does not restate it."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from contextlib import AbstractAsyncContextManager
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from relayrl.core.plugins import Registration, hookspec
+from relayrl.rollout.environment import EnvironmentFactory
 
 if TYPE_CHECKING:
     from relayrl.core.wire import TaskSpec, Trajectory
@@ -30,74 +33,25 @@ class RouterFactory(Protocol):
 
 
 class Harness(Protocol):
-    """How one task becomes one trajectory (an agent loop)."""
+    """How one task becomes one trajectory (an agent loop).
+
+    Generation goes through ``proxy`` (the token-recording proxy), and the context is built from
+    rendered and generated tokens, never re-tokenised text.
+    """
 
     async def run(self, task: TaskSpec, *, proxy: TokenRecordingProxy, tools: ToolExecutor | None,
-                  chat: ChatFormat, sampling: SamplingParams, group_id: str, sample_index: int) -> Trajectory: ...
+                  chat: ChatFormat, sampling: SamplingParams, group_id: str, sample_index: int) -> Trajectory:
+        """One episode of ``task``: the trajectory, ungraded."""
+        ...
 
-    def compaction_markers(self) -> tuple[str, str]: ...
+    def compaction_markers(self) -> tuple[str, str]:
+        """``(compaction_prompt, summary_header)``: how a scripted expert sees it is asked to compact,
+        and where a new segment's summary starts; empty strings for a harness that never compacts."""
+        ...
 
 
 class HarnessFactory(Protocol):
     def __call__(self, config: Any = ..., /) -> Harness: ...
-
-
-class Environment(Protocol):
-    """What ``relayrl_rollout_environments`` factories return: tasks, an agent's tools, and grading.
-
-    Subclass it: the optional members below have working defaults (no held-out tasks, no
-    demonstrations, no character alphabet, nothing to close), so every consumer calls them without
-    probing. Built in: :class:`~relayrl.rollout.countdown.CountdownEnvironment`,
-    :class:`~relayrl.rollout.environments.CodeEnvironment`,
-    :class:`~relayrl.rollout.search.CodeSearchEnvironment`.
-    """
-
-    alphabet: str | None = None
-    """The characters a fresh model's character tokenizer covers; None: the environment has no alphabet."""
-    specials: Sequence[str] = ()
-    """Strings that tokenizer keeps whole (tool-call markup, frequent code)."""
-
-    def tasks(self) -> list[TaskSpec]:
-        """The training tasks (held-out ones are removed from them by ``split_tasks``)."""
-        raise NotImplementedError
-
-    def tools(self, task: TaskSpec) -> AbstractAsyncContextManager[ToolExecutor | None]:
-        """For one trajectory: an async context manager yielding the agent's tools, or None (no tools)."""
-        raise NotImplementedError
-
-    async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]) -> list[Trajectory]:
-        """The trajectories with rewards filled in (graded in a sandbox, never from text on the host);
-        ``answers`` are each episode's ``ToolExecutor.final_answer()``."""
-        raise NotImplementedError
-
-    def metrics(self) -> dict[str, float]:
-        """Counters for the run's metrics (sandbox calls, graded answers ...)."""
-        return {}
-
-    def eval_tasks(self) -> list[TaskSpec]:
-        """Held-out tasks for ``relayrl eval`` and ``[eval]``: a training task with the same id or
-        prompt is never trained on."""
-        return []
-
-    def demonstration(self, task: TaskSpec) -> str | None:
-        """For the supervised warm-up: one reference answer to ``task``; None: no demonstrations."""
-        return None
-
-    async def demonstrate(self, *, harness: Any, chat: Any, tokenizer: Any) -> list[Trajectory] | None:
-        """For the supervised warm-up: multi-turn expert trajectories played through the run's harness
-        and real tools (every generated token is trained); None: single answers from
-        :meth:`demonstration`, if any."""
-        return None
-
-    def close(self) -> None:
-        """Release what the environment holds (sandbox backends, graders)."""
-
-
-class EnvironmentFactory(Protocol):
-    """Builds an :class:`Environment` from its declared config, the run's ``[sandbox]`` section and the
-    plugin manager."""
-
-    def __call__(self, config: Any, /, *, sandbox: Any = ..., pm: Any = ...) -> Environment: ...
 
 
 @hookspec
@@ -137,13 +91,10 @@ def relayrl_rollout_routers() -> Iterable[Registration[RouterFactory]]:
 def relayrl_rollout_harnesses() -> Iterable[Registration[HarnessFactory]]:
     """Agent harnesses: how one task becomes one trajectory.
 
-    ``factory(config)`` (a class with a ``Config`` section, like the engines' options) returns an
-    object with ``async run(task, *, proxy, tools, chat, sampling, group_id, sample_index) ->
-    Trajectory`` and ``compaction_markers() -> (compaction_prompt, summary_header)`` (how a scripted
-    expert sees it is asked to compact, and where a new segment's summary starts; empty strings for
-    a harness that never compacts). Generation must go through ``proxy`` (the token-recording proxy) and the context
-    must be built from rendered and generated tokens, never re-tokenised text. Built in:
-    ``coding-agent`` (multi-turn, parallel tool calls, self-compaction) and ``single-turn``.
+    ``factory(config)`` (:class:`HarnessFactory`: a class with a ``Config`` section, like the engines'
+    options) returns a :class:`Harness`: that Protocol is the contract. It must pass
+    ``relayrl.rollout.testing.HarnessTests``. Built in: ``coding-agent`` (multi-turn, parallel tool
+    calls, self-compaction) and ``single-turn``.
     """
 
 
@@ -151,13 +102,10 @@ def relayrl_rollout_harnesses() -> Iterable[Registration[HarnessFactory]]:
 def relayrl_rollout_environments() -> Iterable[Registration[EnvironmentFactory]]:
     """Environments: where tasks come from, what tools an agent gets, and how answers are graded.
 
-    ``factory(config, *, sandbox, pm)`` (``config``: the registration's declared ``config`` decoded
-    from ``[rollout.environment_options]``; ``sandbox`` is the run's ``[sandbox]`` section) returns
-    an :class:`Environment`: ``tasks()``, ``tools(task)``, ``async grade(task, trajectories,
-    answers)`` and ``metrics()``; optionally (defaults in :class:`Environment`), for the supervised
-    warm-up, ``demonstration(task)`` or ``async demonstrate(*, harness, chat, tokenizer)``,
-    ``eval_tasks()`` (held-out tasks), ``alphabet`` and ``specials`` (a character tokenizer's
-    characters and the strings it keeps whole), and ``close()``. Built in: ``countdown`` (arithmetic answers graded in the
-    sandbox), ``code`` (the shipped bug-fix tasks, agent tools and hidden tests in sandboxes) and
-    ``code-search`` (generated repositories, search tools in sandboxes, F1 graded in a sandbox).
+    ``factory(config, *, sandbox, pm)`` (:class:`~relayrl.rollout.environment.EnvironmentFactory`;
+    ``config`` is the registration's declared ``config`` decoded from ``[rollout.environment_options]``,
+    ``sandbox`` the run's ``[sandbox]`` section) returns an
+    :class:`~relayrl.rollout.environment.Environment`: that Protocol is the contract. It must pass
+    ``relayrl.rollout.testing.EnvironmentTests``. Built in (relayrl-environments): ``countdown``,
+    ``code``, ``code-search``, ``kernels``.
     """

@@ -41,10 +41,8 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol
-
-import msgspec
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 from relayrl.buffer.progress import FleetCounters, Progress, read_progress
 from relayrl.core.errors import StoreError
@@ -53,42 +51,21 @@ from relayrl.core.wire import Group, TaskSpec, Trajectory
 from relayrl.rollout.agent import ToolExecutor
 from relayrl.rollout.chat import ChatFormat
 from relayrl.rollout.costs import trajectory_costs
+from relayrl.rollout.environment import Environment, no_tools
+from relayrl.rollout.hookspecs import Harness
 from relayrl.rollout.protocol import SamplingParams
 from relayrl.rollout.routing import TokenRecordingProxy
 
-__all__ = ["Grader", "RolloutManager"]
-
-class Grader(Protocol):
-    """Scores the trajectories of one task (in an isolated grading sandbox for code tasks)."""
-
-    async def grade(self, task: TaskSpec, trajectories: Sequence[Trajectory], answers: Sequence[str]
-                    ) -> list[Trajectory]:
-        """The trajectories with ``reward``, ``reward_components`` and ``cheating`` filled in.
-
-        ``answers[i]`` is what the tools of trajectory ``i`` reported as its final answer (a diff for
-        code tasks, see :class:`relayrl.rollout.environments.SandboxEnvironment`), or ``""``.
-        """
-
-
-class Harness(Protocol):
-    async def run(self, task: TaskSpec, *, proxy: TokenRecordingProxy, tools: Any, chat: ChatFormat,
-                  sampling: SamplingParams, group_id: str, sample_index: int) -> Trajectory: ...
-
+__all__ = ["RolloutManager", "ToolsFactory"]
 
 ToolsFactory = Callable[[TaskSpec], contextlib.AbstractAsyncContextManager[ToolExecutor | None]]
-
-
-@contextlib.asynccontextmanager
-async def no_tools(task: TaskSpec) -> AsyncIterator[None]:
-    """The tools factory of harnesses that use none (single-turn answers)."""
-    yield None
 
 
 class RolloutManager:
     """Runs groups of agent loops and commits them; see the module docstring."""
 
     def __init__(self, *, scheduler: Any, harness: Harness, proxy: TokenRecordingProxy, chat: ChatFormat,
-                 sampling: SamplingParams, grader: Grader, writer: Any, store: Store | None = None,
+                 sampling: SamplingParams, grader: Environment, writer: Any, store: Store | None = None,
                  tools: ToolsFactory = no_tools, shapers: Sequence[Any] = (), group_size: int = 8,
                  max_concurrent_groups: int = 4, max_ahead_groups: int = 64, progress_poll_s: float = 0.5,
                  skip_zero_variance: bool = False, zero_variance_tolerance: float = 1e-6,
@@ -340,8 +317,3 @@ class RolloutManager:
                              reward_count=float(self.reward_count), generated_tokens=float(self.generated_tokens),
                              behaviour={name: float(value) for name, value in self.behaviour.items()})
 
-
-def with_rewards(trajectory: Trajectory, reward: float, **components: float) -> Trajectory:
-    """``trajectory`` with ``reward`` and named components set (a helper for graders)."""
-    return msgspec.structs.replace(trajectory, reward=reward,
-                                   reward_components={**trajectory.reward_components, **components})

@@ -5,8 +5,10 @@
   local backends share (plugins such as relayrl-bwrap subclass it);
 * :mod:`relayrl.sandbox.workspace`: workspace preparation and diffs; :mod:`relayrl.sandbox.tools`: agent tools;
 * :mod:`relayrl.sandbox.grading`: the isolated grader; :mod:`relayrl.sandbox.detectors`: exploit detectors;
-* :mod:`relayrl.sandbox.tasks`: task sources and the shipped task set; :mod:`relayrl.sandbox.codesearch`;
+* :mod:`relayrl.sandbox.task_sources`: where tasks come from (JSONL, task folders, plugins);
 * :mod:`relayrl.sandbox.verify`: ``relayrl data verify``; :mod:`relayrl.sandbox.testing`: ``SandboxTests``.
+
+The task domains that use these (their data, graders' tests and cheat suites) are in relayrl-environments.
 
 Threat model: ``docs/sandbox.md``.
 """
@@ -26,7 +28,7 @@ _EXPORTS = {
     "ToolBox": "tools",
     "Grader": "grading", "GradeReport": "grading",
     "DetectionContext": "detectors", "run_detectors": "detectors",
-    "load_tasks": "tasks", "shipped_tasks": "tasks",
+    "load_tasks": "task_sources",
 }
 
 __all__ = sorted(_EXPORTS)

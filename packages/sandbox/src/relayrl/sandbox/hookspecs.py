@@ -79,6 +79,6 @@ def relayrl_sandbox_task_sources() -> Iterable[Registration[TaskSourceFactory]]:
     ``factory(location: str)`` returns an iterable of :class:`relayrl.core.wire.TaskSpec` whose
     relative paths are resolved against the location. Capability ``detects`` (declared in the
     registration's ``capabilities``): the factory also has ``accepts(location) -> bool``, so that
-    :func:`relayrl.sandbox.tasks.load_tasks` can pick it for a location without a name. Built in:
+    :func:`relayrl.sandbox.task_sources.load_tasks` can pick it for a location without a name. Built in:
     ``jsonl`` (one TaskSpec per line) and ``directory`` (one folder with ``task.json`` per task).
     """

@@ -48,8 +48,6 @@ from relayrl.sandbox.view import normalized, visible_paths, within
 
 __all__ = ["DEFAULT_ROOT", "SETUP_ATTEMPTS", "UID_RANGE", "LocalBackend", "LocalSandbox", "default_root"]
 
-SHIPPED_TASKS = str(Path(__file__).resolve().parent / "tasks")
-
 DEFAULT_ROOT = "/var/lib/relayrl-sandbox"
 """Where sandboxes live when running as root (``RELAYRL_SANDBOX_ROOT`` overrides). Not under /tmp:
 commands get a private /tmp, which would hide a workspace below it."""
@@ -94,9 +92,9 @@ class LocalBackend(SandboxBackend):
             if self.root == Path(private) or Path(private) in self.root.parents:
                 raise SandboxError(f"sandbox root {self.root} is under {private}, which commands see as a private "
                                    f"mount; choose another root ([sandbox] root or RELAYRL_SANDBOX_ROOT)")
-        # The shipped tasks live in site-packages, world-readable: their hidden tests and gold
-        # patches must never be readable from a sandbox.
-        self.hide_paths = [str(Path(path).resolve()) for path in (*hide_paths, SHIPPED_TASKS)]
+        # A task's own secrets (source, hidden tests, gold patch, its task set) are hidden per sandbox:
+        # relayrl.sandbox.workspace.task_private_paths.
+        self.hide_paths = [str(Path(path).resolve()) for path in hide_paths]
         self.exposed: list[str] = []
         """Host paths exposed to sandboxes besides the system's (:mod:`relayrl.sandbox.view`)."""
         self.expose(expose_paths)

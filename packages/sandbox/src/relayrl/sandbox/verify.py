@@ -10,7 +10,7 @@ For every task with a grading command, in its real grading sandbox:
 
 Prints a table and writes the ids of the tasks fit for training, one per line::
 
-    relayrl data verify packages/sandbox/src/relayrl/sandbox/tasks/bugfix --out fit.txt
+    relayrl data verify packages/environments/src/relayrl/environments/tasks/bugfix --out fit.txt
     python -m relayrl.sandbox.verify TASKS --backend bwrap
 """
 
@@ -29,7 +29,7 @@ from relayrl.core.errors import RelayrlError
 from relayrl.core.wire import TaskSpec
 from relayrl.sandbox.config import SandboxSection, open_backend
 from relayrl.sandbox.grading import Grader
-from relayrl.sandbox.tasks import load_tasks
+from relayrl.sandbox.task_sources import load_tasks
 
 __all__ = ["VerifyRow", "add_arguments", "main", "mutate_patch", "run", "verify_tasks"]
 

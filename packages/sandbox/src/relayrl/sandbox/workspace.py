@@ -133,7 +133,10 @@ def task_private_paths(task: TaskSpec) -> list[str]:
     The one place that decides it, for agent and grading sandboxes alike: the hidden tests, the
     workspace's source (a directory, tarball or git repository: agents work on a prepared copy, and
     the source may hold ``*.orig`` files or history) and, for a task folder (``task.json`` next to
-    ``repo/``), the whole folder (gold patch, notes). Sandboxes see these paths empty.
+    ``repo/``), the whole folder (gold patch, notes), and when that folder sits in a task set (a sibling
+    folder holds a ``task.json`` too) the whole set: the other tasks' gold patches and hidden tests are
+    secrets as well (the shipped tasks live world-readable in site-packages). Sandboxes see these paths
+    empty.
     """
     paths = [task.hidden_tests] if task.hidden_tests else []
     if task.workspace:
@@ -146,7 +149,17 @@ def task_private_paths(task: TaskSpec) -> list[str]:
             folder = source.resolve().parent
             if (folder / "task.json").is_file():
                 paths.append(str(folder))
+                if folder.parent != folder.parent.parent and _holds_another_task(folder.parent, folder):
+                    paths.append(str(folder.parent))
     return sorted(set(paths))
+
+
+def _holds_another_task(task_set: Path, task_folder: Path) -> bool:
+    """Whether ``task_set`` holds a task folder besides ``task_folder``."""
+    try:
+        return any(sibling != task_folder and (sibling / "task.json").is_file() for sibling in task_set.iterdir())
+    except OSError:
+        return False
 
 
 def prepare_workspace(task: TaskSpec, destination: str | Path, *, reference_globs: Iterable[str] = ()) -> list[str]:

@@ -467,13 +467,6 @@ class SandboxTests:
         assert "HIDDEN TEST" not in result.stdout and "GOLD PATCH" not in result.stdout
         assert "test_secret.py" not in result.stdout
 
-    def test_hostile_reading_the_shipped_tasks_hidden_tests_fails(self, backend, sandbox):
-        self.requires(backend, "readonly-system")
-        from relayrl.sandbox.tasks import SHIPPED
-
-        result = sandbox.exec(f"cat {SHIPPED}/bugfix/median/hidden_tests/tests/test_grading.py {SHIPPED}/bugfix/median/gold.patch")
-        assert "TestMedianHidden" not in result.stdout and "diff --git" not in result.stdout
-
     @staticmethod
     @contextlib.contextmanager
     def _world_readable_host_directory() -> Iterator[Path]:

@@ -1,1 +1,0 @@
-"""A small shop backend used by the code-search questions."""

@@ -1,5 +1,0 @@
-import datetime
-
-
-def today():
-    return datetime.date.today().isoformat()

@@ -1,2 +1,0 @@
-def slugify(text):
-    return "-".join(text.lower().split())

@@ -1,0 +1,53 @@
+"""Task sources: JSONL files and task folders, chosen by location or by name."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from relayrl.sandbox.api import SandboxError
+from relayrl.sandbox.config import task_sources
+from relayrl.sandbox.task_sources import load_tasks
+
+
+def test_jsonl_source_resolves_paths_relative_to_the_file(tmp_path):
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "gold.diff").write_text("diff --git a/x b/x\n")
+    lines = [{"task_id": "a", "instruction": "do a", "workspace": "repo", "gold_patch": "@gold.diff"},
+             {"task_id": "b", "instruction": "do b", "kind": "answer", "answer": 42}]
+    (tmp_path / "tasks.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n\n")
+    first, second = load_tasks(tmp_path / "tasks.jsonl")
+    assert first.workspace == str((tmp_path / "repo").resolve()) and first.gold_patch.startswith("diff --git")
+    assert second.answer == 42
+
+
+def test_directory_source_is_chosen_for_directories(tmp_path):
+    for name in ("second", "first"):
+        (tmp_path / name / "repo").mkdir(parents=True)
+        (tmp_path / name / "gold.patch").write_text(f"diff --git a/{name} b/{name}\n")
+        (tmp_path / name / "task.json").write_text(json.dumps({"instruction": f"fix {name}", "workspace": "repo",
+                                                               "gold_patch": "@gold.patch"}))
+    tasks = load_tasks(tmp_path)
+    assert [task.task_id for task in tasks] == ["first", "second"]  # the folder names, in order
+    assert tasks[0].workspace == str((tmp_path / "first" / "repo").resolve())
+    assert tasks[0].gold_patch == "diff --git a/first b/first\n"
+    assert sorted(task_sources()) == ["directory", "jsonl"]
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"task_id": "a"', r"tasks.jsonl:1: invalid JSON"),
+    ('{"task_id": "a", "instruction": 3}', r"tasks.jsonl:1: invalid task: Expected `str`, got `int` - at `\$.instruction`"),
+    ('{"task_id": "a", "instruction": ""}\n{"task_id": "a", "instruction": ""}', "task id 'a' appears twice"),
+])
+def test_bad_task_files_are_named(tmp_path, content, message):
+    (tmp_path / "tasks.jsonl").write_text(content)
+    with pytest.raises(SandboxError, match=message):
+        load_tasks(tmp_path / "tasks.jsonl")
+
+
+def test_unknown_locations_and_sources_are_refused(tmp_path):
+    with pytest.raises(SandboxError, match="no task source accepts it"):
+        load_tasks(tmp_path / "absent.csv")
+    with pytest.raises(Exception, match="unknown task source 'csv'"):
+        load_tasks(tmp_path, source="csv")
