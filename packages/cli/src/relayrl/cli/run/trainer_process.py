@@ -13,9 +13,9 @@ SIGTERM or SIGINT ends the run after the current step, with its checkpoint writt
 
 With ``[trainer] ranks`` > 1 the launcher starts one such process per data-parallel rank (a backend
 that trains as one of several ranks, e.g. DeepSpeed ZeRO); rank 0 leads and the others follow its
-decisions (see :mod:`relayrl.cli.run.ranks`). With ``[trainer] elastic`` the leader starts alone and
+decisions (see :mod:`relayrl.trainer.ranks`). With ``[trainer] elastic`` the leader starts alone and
 admits the other ranks at step boundaries; a rank that dies shrinks the group, the survivors redo the
-step, and the rank rejoins once the launcher has restarted it (see :mod:`relayrl.cli.run.elastic`).
+step, and the rank rejoins once the launcher has restarted it (see :mod:`relayrl.trainer.elastic`).
 """
 
 from __future__ import annotations
@@ -36,12 +36,10 @@ import torch
 from relayrl.algo.config import build_monitors, build_reward_shapers
 from relayrl.algo.determinism import enable_determinism, rng_state, seed_everything, set_rng_state
 from relayrl.buffer import Buffer, FleetMetrics, Progress, write_progress
-from relayrl.cli.run.elastic import ElasticRanks, LeaderGone, View, describe_failure
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
 from relayrl.cli.run.lease import EXIT_FENCED, LeaseLost, check_fence
 from relayrl.cli.run.ledger import LedgerWriter
-from relayrl.cli.run.ranks import Decision, Ranks
 from relayrl.core.config import Config
 from relayrl.core.plugins import get_plugin_manager, lookup
 from relayrl.core.store import open_store
@@ -50,8 +48,10 @@ from relayrl.fault_tolerance.faults import maybe_kill
 from relayrl.fault_tolerance.recovery import recover
 from relayrl.rollout.config import build_environment
 from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
+from relayrl.trainer.elastic import ElasticRanks, LeaderGone, View, describe_failure
 from relayrl.trainer.loop import REPUBLISH_CHECK_S, LoopHooks, TrainingLoop, checkpoint_due
 from relayrl.trainer.metrics import MetricsWriter
+from relayrl.trainer.ranks import Decision, Ranks
 from relayrl.trainer.warmup import MaskedExample, supervised_warmup
 from relayrl.weight_sync import ConcurrentWriter, Publisher
 

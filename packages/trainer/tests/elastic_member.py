@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-from relayrl.cli.run import elastic
+from relayrl.trainer import elastic
 
 
 def main(root: str, role: str) -> None:

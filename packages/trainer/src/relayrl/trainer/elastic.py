@@ -50,9 +50,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from relayrl.cli.run.ranks import broadcast_decision
 from relayrl.core.processes import identity, is_dead
 from relayrl.trainer.distributed import GroupCollectives, set_data_parallel_group
+from relayrl.trainer.ranks import broadcast_decision
 
 __all__ = ["ElasticRanks", "LeaderGone", "View", "describe_failure"]
 

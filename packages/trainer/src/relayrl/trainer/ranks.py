@@ -28,7 +28,7 @@ __all__ = ["Decision", "Ranks", "broadcast_decision"]
 
 # A rank waits in a collective while the leader warms up or recovers: allow for that, not forever
 # (a dead rank is noticed by the launcher, which restarts the whole group; with [trainer] elastic,
-# see relayrl.cli.run.elastic).
+# see relayrl.trainer.elastic).
 COLLECTIVE_TIMEOUT = datetime.timedelta(hours=1)
 
 
@@ -41,7 +41,7 @@ class Decision:
     groups: list[Group] = dataclasses.field(default_factory=list)
     weights: list[float] | None = None
     view: bytes | None = None
-    """``regroup``: the encoded :class:`relayrl.cli.run.elastic.View` every member forms next."""
+    """``regroup``: the encoded :class:`relayrl.trainer.elastic.View` every member forms next."""
 
 
 def broadcast_decision(ranks: Any, decision: Decision | None) -> Decision:

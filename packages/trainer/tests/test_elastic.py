@@ -1,4 +1,4 @@
-"""Elastic ranks (relayrl.cli.run.elastic) on real gloo groups, in processes of their own.
+"""Elastic ranks (relayrl.trainer.elastic) on real gloo groups, in processes of their own.
 
 The leader must never wait on a member that is gone: gloo does not always notice (a send to a peer
 that was SIGKILLed at the wrong moment, or that is alive but will never take part, waits for gloo's
