@@ -29,7 +29,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+        *sorted(path for pattern in ("*/README.md", "packages/*/README.md", "plugins/*/README.md")
+                for path in ROOT.glob(pattern))]
+"""Every page a reader meets: the README, docs/, and the README of each folder, package and plugin."""
 BLOCK = re.compile(r"(<!-- results: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
 __all__ = ["command_line", "commit", "machine", "render_block", "write_results"]
@@ -59,20 +62,26 @@ def machine() -> dict[str, Any]:
 
 
 def commit() -> str:
-    """The repository's commit, with ``+dirty`` when the work tree has changes.
+    """The repository's commit, with ``+dirty`` when the work tree differs from it.
 
-    ``RELAYRL_COMMIT``, where set, names it instead: a copy of the tree sent to a GPU host may carry
-    no git history, or a stale one. Without either the commit is ``unknown``."""
-    if os.environ.get("RELAYRL_COMMIT"):
-        return os.environ["RELAYRL_COMMIT"]
+    ``RELAYRL_COMMIT``, where set, names the commit (a copy of the tree sent to a GPU host may carry no
+    git history, or a stale one), but never hides a change: where git knows that commit, the tree is
+    compared with it and ``+dirty`` added if they differ; where it cannot check (no git, or a history
+    without that commit) the name gets ``+unverified``. Without either the commit is ``unknown``."""
+    named = os.environ.get("RELAYRL_COMMIT", "").strip()
     try:
-        head = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = _git("rev-parse", "--short=12", named or "HEAD")
     except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
+        return f"{named}+unverified" if named else "unknown"
+    try:  # tracked files that differ from the commit (staged or not); untracked files are not results' inputs
+        changed = _git("diff", "--name-only", head, "--")
+    except (OSError, subprocess.CalledProcessError):
+        return f"{named or head}+unverified"
+    return (named or head) + ("+dirty" if changed else "")
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
 
 
 def write_results(name: str, *, command: str, markdown: str, data: dict[str, Any],

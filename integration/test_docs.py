@@ -30,7 +30,9 @@ def test_readme_commands_match_ci():
 
 
 def test_docs_links_resolve():
-    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    pages = _results_module().DOCS
+    assert ROOT / "packages" / "environments" / "README.md" in pages and ROOT / "plugins" / "relayrl-ray" / "README.md" in pages
+    for page in pages:
         for target in re.findall(r"\]\((?!https?://|#)([^)#]+)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name}: broken link {target}"
 
@@ -67,3 +69,30 @@ def test_a_docs_block_that_disagrees_with_its_results_file_is_found_and_rewritte
     assert "`python benchmarks/demo.py`" in text  # where the numbers came from
     page.write_text("<!-- results: missing -->\nx\n<!-- /results -->\n")
     assert "has no benchmarks/results/missing.json" in results.stale_blocks([page], folder)[0]
+
+
+def test_a_results_file_from_a_changed_tree_says_so_whatever_the_environment_says(tmp_path, monkeypatch):
+    results = _results_module()
+    import subprocess
+
+    def git(*args):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\n")
+    git("add", "a.py")
+    git("commit", "-qm", "one")
+    monkeypatch.setattr(results, "ROOT", tmp_path)
+    monkeypatch.delenv("RELAYRL_COMMIT", raising=False)
+    clean = results.commit()
+    assert len(clean) == 12 and "+" not in clean
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert results.commit() == clean + "+dirty"
+    monkeypatch.setenv("RELAYRL_COMMIT", clean)  # naming the commit does not hide the change
+    assert results.commit() == clean + "+dirty"
+    monkeypatch.setenv("RELAYRL_COMMIT", "0123456789ab")  # a commit this history cannot check
+    assert results.commit() == "0123456789ab+unverified"
+    monkeypatch.setattr(results, "ROOT", tmp_path / "no-such-folder")
+    monkeypatch.delenv("RELAYRL_COMMIT")
+    assert results.commit() == "unknown"
