@@ -13,11 +13,22 @@ import pytest
 
 from relayrl.cli.run.launcher import Child, RunFailed, TrainerRanks
 from relayrl.cli.run.local_backend import LocalBackend, LocalSlot
+from relayrl.cli.testing import LauncherTests
 
 ROOT = Path(__file__).resolve().parents[3]
 
 NOISY = ("import sys, time; print('INFO engine core starting'); print('INFO loading weights'); "
          "print('READY 4321', flush=True); print('INFO serving', flush=True); time.sleep(30)")
+
+
+class TestLocalLauncher(LauncherTests):
+    """The built-in ``local`` launcher passes the launcher conformance suite."""
+
+    @pytest.fixture
+    def launcher(self, run_dir):
+        backend = LocalBackend.create(options=None, world=self.world, run_dir=run_dir)
+        yield backend
+        backend.close()
 
 
 def test_read_ready_skips_library_logging_on_stdout_and_keeps_it_in_the_log(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from relayrl.cli.run.launcher import RunFailed, TrainerRanks
+from relayrl.cli.testing import LauncherTests
 from relayrl.core.config import ConfigError, resolve_plugin
 from relayrl.core.plugins import get_plugin_manager
 from relayrl_ray.backend import RayBackend
@@ -43,6 +44,14 @@ def backend(cluster, tmp_path):
     made = RayBackend.create(options=options, world=2, run_dir=tmp_path)
     yield made
     made.close()
+
+
+class TestRayLauncher(LauncherTests):
+    """The ``ray`` launcher passes the launcher conformance suite on the three-node cluster."""
+
+    @pytest.fixture
+    def launcher(self, backend):
+        return backend
 
 
 def node_of(cluster, label: str) -> str:

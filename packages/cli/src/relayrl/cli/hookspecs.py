@@ -93,10 +93,7 @@ class LauncherFactory(Protocol):
 def relayrl_cli_launchers() -> Iterable[Registration[LauncherFactory]]:
     """Launchers, selected by ``[launcher] backend`` (or ``relayrl run --launcher NAME``).
 
-    ``factory(*, options, world, run_dir)`` returns a backend whose ``place(role, name, rank=None)``
-    reserves a :class:`Slot` (``host``, ``free_port()``, ``start(name, argv, log_path, env,
-    capture_stdout=False)`` -> a :class:`RoleProcess` with ``poll``, ``terminate``, ``wait``,
-    ``read_ready``, ``pid``, ``node``), ``describe()`` and ``close()``. The run's supervision, order,
-    restarts and records are the launcher's own and the same for every backend. Built in: ``local``
-    (processes on this machine); ``relayrl-ray`` adds ``ray``.
+    The contract is :class:`LauncherFactory` (and the :class:`LauncherBackend`, :class:`Slot` and
+    :class:`RoleProcess` it leads to); a backend passes ``relayrl.cli.testing.LauncherTests``. Built
+    in: ``local`` (processes on this machine); ``relayrl-ray`` adds ``ray``.
     """
