@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from relayrl.algo.config import AlgoSection, build_reward_shapers
 from relayrl.algo.length_penalty import AlternatingLengthPenalty, Phase
+from relayrl.algo.testing import RewardShaperTests
 from relayrl.core.config import ConfigError
 from relayrl.core.wire import GeneratedSpan, Group, ToolResult, Trajectory, TrajectorySegment, Turn
 
@@ -86,3 +88,16 @@ def test_group_shaping_and_config_validation():
     assert [t.reward for t in penalty(group, step=2).trajectories] == pytest.approx([0.8, 1.0])
     with pytest.raises(ConfigError, match="schedule"):
         AlternatingLengthPenalty(AlternatingLengthPenalty.Config(schedule=[]))
+
+
+class TestLengthPenaltyShaper(RewardShaperTests):
+    """The built-in `length-penalty`, built from its registration with a budget the suite's groups
+    exceed, over tokens, turns and tool time, in both phases of a short schedule."""
+
+    steps = tuple(range(0, 24, 3))
+
+    @pytest.fixture(params=[{}, {"apply_to_failures": True, "success_floor": 0.2}])
+    def shaper(self, request):
+        options = {"budget": 60.0, "w_turns": 5.0, "w_tool_seconds": 4.0,
+                   "schedule": [{"kind": "unconstrained", "steps": 4}, {"kind": "budget", "steps": 5}], **request.param}
+        return build_reward_shapers(AlgoSection(reward_shapers={"length-penalty": options}))[0]

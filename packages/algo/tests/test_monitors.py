@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from relayrl.algo.config import AlgoSection, MonitorsSection, build_monitors, monitors
 from relayrl.algo.monitors import (
     AlarmSection,
     EWMAAlarm,
@@ -12,6 +13,7 @@ from relayrl.algo.monitors import (
     SeriesMonitor,
     behaviour_metrics,
 )
+from relayrl.algo.testing import MonitorTests
 from relayrl.core.wire import GeneratedSpan, ToolCall, Trajectory, TrajectorySegment, Turn
 
 
@@ -110,3 +112,15 @@ def test_behaviour_metrics_by_hand():
     assert metrics["response/turns_mean"] == 2.0
     assert metrics["response/tool_calls_per_turn"] == (2 + 0 + 4 + 1) / 4
     assert metrics["response/segments_mean"] == 1.5
+
+
+class TestEveryRegisteredMonitor(MonitorTests):
+    """Every registered monitor, built as `[algo.monitors]` builds it, passes the suite a plugin passes;
+    and so does the set of them a run uses."""
+
+    @pytest.fixture(params=[*sorted(monitors()), "<the default set>"])
+    def make_monitor(self, request):
+        if request.param == "<the default set>":
+            return lambda: build_monitors(AlgoSection())
+        record = monitors()[request.param]
+        return lambda: record.factory(MonitorsSection())

@@ -9,6 +9,7 @@ import pytest
 from relayrl.sandbox.api import SandboxError
 from relayrl.sandbox.config import task_sources
 from relayrl.sandbox.task_sources import load_tasks
+from relayrl.sandbox.testing import TaskSourceTests
 
 
 def test_jsonl_source_resolves_paths_relative_to_the_file(tmp_path):
@@ -51,3 +52,46 @@ def test_unknown_locations_and_sources_are_refused(tmp_path):
         load_tasks(tmp_path / "absent.csv")
     with pytest.raises(Exception, match="unknown task source 'csv'"):
         load_tasks(tmp_path, source="csv")
+
+
+class TestJsonlSource(TaskSourceTests):
+    name = "jsonl"
+
+    def write(self, root, tasks):
+        lines = []
+        for task in tasks:
+            line = {key: task[key] for key in ("task_id", "instruction", "kind", "answer") if key in task}
+            for field, folder in (("repo", "workspace"), ("hidden_tests", "hidden_tests")):
+                for relative, text in task.get(field, {}).items():
+                    path = root / "data" / task["task_id"] / field / relative
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(text)
+                if field in task:
+                    line[folder] = f"data/{task['task_id']}/{field}"
+            if "gold_patch" in task:
+                (root / "data" / task["task_id"]).mkdir(parents=True, exist_ok=True)
+                (root / "data" / task["task_id"] / "gold.diff").write_text(task["gold_patch"])
+                line["gold_patch"] = f"@data/{task['task_id']}/gold.diff"
+            lines.append(json.dumps(line, ensure_ascii=False))
+        (root / "tasks.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        return root / "tasks.jsonl"
+
+
+class TestDirectorySource(TaskSourceTests):
+    name = "directory"
+
+    def write(self, root, tasks):
+        for task in tasks:
+            folder = root / task["task_id"]
+            folder.mkdir(parents=True)
+            data = {key: task[key] for key in ("instruction", "kind", "answer") if key in task}
+            for field, name in (("repo", "workspace"), ("hidden_tests", "hidden_tests")):
+                for relative, text in task.get(field, {}).items():
+                    (folder / field / relative).parent.mkdir(parents=True, exist_ok=True)
+                    (folder / field / relative).write_text(text)
+                if field in task:
+                    data[name] = field
+            if "gold_patch" in task:
+                (folder / "gold.patch").write_text(task["gold_patch"])  # found by name, as the shipped tasks are
+            (folder / "task.json").write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+        return root

@@ -53,7 +53,9 @@ class MismatchCorrectionFactory(Protocol):
 
 
 class RewardShaper(Protocol):
-    """Changes a scored group's rewards (recording what it changed in ``reward_components``)."""
+    """Changes a scored group's rewards, recording each change in ``reward_components``; nothing else of
+    the group changes, the input is left as it was, and the result depends on the group and ``step``
+    alone (a shaper has no state to checkpoint). ``metrics(step)``: finite floats for the step's metrics."""
 
     def __call__(self, group: Group, *, step: int) -> Group: ...
 
@@ -65,7 +67,9 @@ class RewardShaperFactory(Protocol):
 
 
 class Monitor(Protocol):
-    """A health monitor over each step's metrics and sampled texts; its state is checkpointed."""
+    """A health monitor over each step's metrics and sampled texts. ``observe`` returns the metrics it
+    adds (finite) and its alarms, leaving its inputs alone; ``state()`` (msgpack-encodable) is
+    checkpointed, and a monitor given it by ``restore`` observes what an uninterrupted one would."""
 
     def observe(self, step: int, metrics: dict[str, float],
                 texts: Sequence[str] = ...) -> tuple[dict[str, float], list[Alarm]]: ...
@@ -118,8 +122,8 @@ def relayrl_algo_mismatch_corrections() -> Iterable[Registration[MismatchCorrect
 def relayrl_algo_reward_shapers() -> Iterable[Registration[RewardShaperFactory]]:
     """Reward shapers, applied in order to every scored group (``[algo.reward_shapers.NAME]`` tables).
 
-    ``factory(config)`` returns an object with ``__call__(group, *, step) -> Group`` (recording what
-    it changed in ``reward_components``) and ``metrics(step) -> dict``. Built in: ``length-penalty``.
+    The contract is :class:`RewardShaperFactory` / :class:`RewardShaper`; a shaper passes
+    ``relayrl.algo.testing.RewardShaperTests``. Built in: ``length-penalty``.
     """
 
 
@@ -127,7 +131,7 @@ def relayrl_algo_reward_shapers() -> Iterable[Registration[RewardShaperFactory]]
 def relayrl_algo_monitors() -> Iterable[Registration[MonitorFactory]]:
     """Health monitors, enabled by name in ``[algo.monitors] enabled``.
 
-    ``factory(config: MonitorsSection)`` returns an object with ``observe(step, metrics, texts) ->
-    (new_metrics, alarms)``, ``state()`` and ``restore(state)``. Built in: ``entropy``,
+    The contract is :class:`MonitorFactory` / :class:`Monitor`; a monitor passes
+    ``relayrl.algo.testing.MonitorTests``. Built in: ``entropy``,
     ``mismatch-kl``, ``clip-fraction``, ``response-length``, ``turns``, ``tool-calls``, ``phrases``.
     """

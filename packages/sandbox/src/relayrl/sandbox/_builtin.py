@@ -44,8 +44,7 @@ def relayrl_sandbox_exploit_detectors() -> Iterator[Registration[ExploitDetector
 
 @hookimpl
 def relayrl_sandbox_task_sources() -> Iterator[Registration[TaskSourceFactory]]:
-    # mypy resolves relayrl.sandbox.task_sources to the shipped-task folder next to tasks.py (Python does not).
-    from relayrl.sandbox.task_sources import DirectorySource, JsonlSource  # type: ignore[attr-defined,unused-ignore]
+    from relayrl.sandbox.task_sources import DirectorySource, JsonlSource
 
     yield Registration("jsonl", JsonlSource, "one TaskSpec JSON object per line; paths relative to the file",
                        capabilities={"detects"})

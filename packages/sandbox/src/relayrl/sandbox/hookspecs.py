@@ -28,7 +28,13 @@ class SandboxBackendFactory(Protocol):
 
 
 class ExploitDetector(Protocol):
-    """Flags cheating in one graded answer (any flag makes the reward 0)."""
+    """Flags cheating in one graded answer (any flag makes the reward 0; attempts count, not only successes).
+
+    ``context`` holds every tool call with its result, segment and turn, the final diff, the task, its
+    hidden tests and the reference-artifact globs. A pure function of it: the same context, the same
+    flags, the context untouched, no exception on odd input; each flag names the detector and its
+    evidence.
+    """
 
     def __call__(self, context: DetectionContext) -> list[CheatingFlag]: ...
 
@@ -38,7 +44,10 @@ class ExploitDetectorFactory(Protocol):
 
 
 class TaskSourceFactory(Protocol):
-    """Reads the tasks at ``location`` (capability ``detects``: it also has ``accepts(location)``)."""
+    """Reads the tasks at ``location`` in a stable order, relative paths (workspace, hidden tests, a gold
+    patch given as ``@file``) resolved against it; a missing or malformed location is a
+    :class:`~relayrl.sandbox.api.SandboxError` naming it. Capability ``detects``: it also has a static
+    ``accepts(location) -> bool``."""
 
     def __call__(self, location: str | Path, /) -> Iterable[TaskSpec]: ...
 
@@ -64,10 +73,9 @@ def relayrl_sandbox_backends() -> Iterable[Registration[SandboxBackendFactory]]:
 def relayrl_sandbox_exploit_detectors() -> Iterable[Registration[ExploitDetectorFactory]]:
     """Exploit detectors, enabled by name in ``[sandbox] detectors``.
 
-    ``factory()`` returns a callable ``detect(context: DetectionContext) -> list[CheatingFlag]``
-    over the trajectory's tool calls and results, the final diff and the task (hidden tests
-    included: detectors run on the grader's side). Any flag makes the reward 0. Each detector needs
-    a true-positive and a true-negative test with a scripted agent. Built in: ``test-edits``,
+    The contract is :class:`ExploitDetectorFactory` / :class:`ExploitDetector` (detectors run on the
+    grader's side, hidden tests included; any flag makes the reward 0); a detector passes
+    ``relayrl.sandbox.testing.ExploitDetectorTests``. Built in: ``test-edits``,
     ``history-access``, ``network``, ``outside-writes``, ``runner-tampering``, ``literal-special-casing``.
     """
 
@@ -76,9 +84,8 @@ def relayrl_sandbox_exploit_detectors() -> Iterable[Registration[ExploitDetector
 def relayrl_sandbox_task_sources() -> Iterable[Registration[TaskSourceFactory]]:
     """Task sources, selected by ``[sandbox] task_source`` or guessed from a location.
 
-    ``factory(location: str)`` returns an iterable of :class:`relayrl.core.wire.TaskSpec` whose
-    relative paths are resolved against the location. Capability ``detects`` (declared in the
-    registration's ``capabilities``): the factory also has ``accepts(location) -> bool``, so that
-    :func:`relayrl.sandbox.task_sources.load_tasks` can pick it for a location without a name. Built in:
+    The contract is :class:`TaskSourceFactory` (capability ``detects``: it also has
+    ``accepts(location) -> bool``, so that :func:`relayrl.sandbox.task_sources.load_tasks` can pick it
+    for a location without a name); a source passes ``relayrl.sandbox.testing.TaskSourceTests``. Built in:
     ``jsonl`` (one TaskSpec per line) and ``directory`` (one folder with ``task.json`` per task).
     """
