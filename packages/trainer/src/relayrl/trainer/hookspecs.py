@@ -26,7 +26,8 @@ class TrainerBackend(Protocol):
     """A torch optimizer, or several behind one interface (Muon for matrices, AdamW for the rest)."""
 
     def step(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
-        """One optimiser step over a batch of scored groups; its metrics."""
+        """One optimiser step over a batch of scored groups (``weights``: one per group, scaling its
+        advantages); its metrics."""
 
     def accumulate_gradients(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None
                              ) -> dict[str, float]:
@@ -38,7 +39,8 @@ class TrainerBackend(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
     def named_full_state(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """The whole model's state dict, tensor by tensor, for publishing (all ranks iterate together)."""
+        """The whole model's state dict, tensor by tensor, for publishing (a sharded backend gathers one
+        tensor at a time; all ranks iterate together)."""
 
 
 class TrainerBackendFactory(Protocol):
@@ -50,14 +52,10 @@ class TrainerBackendFactory(Protocol):
 def relayrl_trainer_backends() -> Iterable[Registration[TrainerBackendFactory]]:
     """Trainer backends, selected by ``[trainer] backend``.
 
-    ``factory(model, *, algo, config, version, pm, run_config=None)`` returns a trainer with ``step(groups, *, weights=None)
-    -> metrics`` (``weights``: one per group, scaling its advantages)
-    (one optimiser step over a batch of scored groups), ``accumulate_gradients(groups)``,
-    ``version`` (the policy version of its weights), ``model``, ``optimizer``, ``state_dict()`` /
-    ``load_state_dict()`` (its checkpoint) and ``named_full_state()``: the whole model's state dict,
-    tensor by tensor, for publishing (a sharded backend gathers shards one tensor at a time; all
-    ranks iterate together). ``run_config`` is the whole run configuration when there is one
-    (``relayrl run``): a backend takes its own section from it (``[deepspeed]``). Built in: ``torch``.
+    The contract is :class:`TrainerBackendFactory` / :class:`TrainerBackend` (``run_config`` is the
+    whole run configuration when there is one, ``relayrl run``: a backend takes its own section from
+    it, ``[deepspeed]``); a backend passes ``relayrl.trainer.testing.TrainerBackendTests``. Built in:
+    ``torch``.
 
     Capabilities (declared in the registration's ``capabilities``):
 

@@ -24,8 +24,8 @@ Each step:
    ``checkpoint_every`` steps and after the last one (:meth:`TrainingLoop.checkpoint_pending`: a
    stopped loop's last step); metrics; progress (the fleet's back-pressure signal).
 
-The loop is the leader's part of data-parallel training too: ``relayrl run``'s trainer process runs
-the collective step on every rank and hands the leader's result to :meth:`TrainingLoop.finish_step`.
+The loop is the leader's part of data-parallel training too: :class:`relayrl.trainer.ranked_loop.RankedLoop`
+runs the collective step on every rank and hands the leader's result to :meth:`TrainingLoop.finish_step`.
 The collaborators are typed by the small protocols below; relayrl's buffer, weight-sync publisher,
 fault-tolerance checkpointer and metrics writer implement them.
 """
@@ -38,14 +38,19 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from relayrl.algo.determinism import rng_state, set_rng_state
 from relayrl.core.errors import StoreError
 
-__all__ = ["BatchSource", "Checkpointer", "LoopHooks", "StepResult", "TrainingLoop", "WeightPublisher", "checkpoint_due"]
+if TYPE_CHECKING:
+    from relayrl.algo.hookspecs import Monitor, RewardShaper
+    from relayrl.trainer.hookspecs import TrainerBackend
+
+__all__ = ["BatchSource", "Checkpointer", "LoopHooks", "MetricsSink", "StepResult", "TrainingLoop", "WeightPublisher",
+           "checkpoint_due"]
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +92,22 @@ class WeightPublisher(Protocol):
 
 
 class Checkpointer(Protocol):
-    """Where checkpoints go (:class:`relayrl.fault_tolerance.checkpoint.AsyncCheckpointer`)."""
+    """Where checkpoints go (:class:`relayrl.fault_tolerance.checkpoint.AsyncCheckpointer`).
+
+    ``save`` returns once the state is copied (its result's ``blocking_s`` says how long that took)
+    and writes it in the background; ``last_write_s`` and ``last_write_bytes`` describe the newest
+    finished write (0 before the first)."""
+
+    last_write_s: float
+    last_write_bytes: int
 
     def save(self, step: int, state: dict[str, Any]) -> Any: ...
+
+
+class MetricsSink(Protocol):
+    """Where each step's metrics go (:class:`relayrl.trainer.metrics.MetricsWriter`)."""
+
+    def write(self, step: int, metrics: dict[str, float]) -> None: ...
 
 
 class LoopHooks:
@@ -138,9 +156,10 @@ class StepResult:
 class TrainingLoop:
     """The trainer's loop over a buffer of scored groups (see the module docstring)."""
 
-    def __init__(self, backend: Any, *, buffer: BatchSource, publisher: WeightPublisher, checkpointer: Checkpointer,
-                 monitors: Any, metrics: Any, progress: Callable[[int, int, dict[str, int]], None],
-                 shapers: Sequence[Any] = (), publish_every_steps: int = 1, steps: int = 0,
+    def __init__(self, backend: TrainerBackend, *, buffer: BatchSource, publisher: WeightPublisher,
+                 checkpointer: Checkpointer, monitors: Monitor, metrics: MetricsSink,
+                 progress: Callable[[int, int, dict[str, int]], None],
+                 shapers: Sequence[RewardShaper] = (), publish_every_steps: int = 1, steps: int = 0,
                  hooks: LoopHooks | None = None, wait_timeout_s: float = 0.5, reproducible: bool = False,
                  checkpoint_every: int = 1) -> None:
         self.backend = backend
@@ -297,7 +316,7 @@ class TrainingLoop:
             metrics["checkpoint/blocking_s"] = self.checkpoint_pending()
         # The newest finished background write (relayrl-fault-tolerance's checkpointer reports it): what a
         # checkpoint costs beyond the blocking copy, in CPU and disk the next steps share with it.
-        if getattr(self.checkpointer, "last_write_bytes", 0):
+        if self.checkpointer.last_write_bytes:
             metrics["checkpoint/write_s"] = float(self.checkpointer.last_write_s)
             metrics["checkpoint/bytes"] = float(self.checkpointer.last_write_bytes)
         metrics["trainer/wall_step_s"] = time.monotonic() - started

@@ -1,7 +1,8 @@
 """The trainer process of ``relayrl run``: ``python -m relayrl.cli.run.trainer_process RUN_DIR``.
 
-Process glue around relayrl-trainer's :class:`~relayrl.trainer.loop.TrainingLoop` (batch → step →
-publish → monitors → checkpoint → metrics → progress). Start-up: materialise the model directory;
+A host around relayrl-trainer's loop (:class:`~relayrl.trainer.ranked_loop.RankedLoop` over the leader's
+:class:`~relayrl.trainer.loop.TrainingLoop`: batch → step → publish → monitors → checkpoint → metrics →
+progress, on every rank); this module builds its parts from the run's config and directory. Start-up: materialise the model directory;
 recover the newest complete checkpoint (relayrl-fault-tolerance), or else run the supervised
 warm-up; publish the current weights so that engines can bootstrap (a fresh publisher's first
 version is a full snapshot); write ``progress``. What the run adds to each step (:class:`RunHooks`):
@@ -13,9 +14,9 @@ SIGTERM or SIGINT ends the run after the current step, with its checkpoint writt
 
 With ``[trainer] ranks`` > 1 the launcher starts one such process per data-parallel rank (a backend
 that trains as one of several ranks, e.g. DeepSpeed ZeRO); rank 0 leads and the others follow its
-decisions (see :mod:`relayrl.trainer.ranks`). With ``[trainer] elastic`` the leader starts alone and
-admits the other ranks at step boundaries; a rank that dies shrinks the group, the survivors redo the
-step, and the rank rejoins once the launcher has restarted it (see :mod:`relayrl.trainer.elastic`).
+decisions (see :mod:`relayrl.trainer.ranked_loop`). With ``[trainer] elastic`` the leader starts alone
+and admits the other ranks at step boundaries; a rank that dies shrinks the group, the survivors redo
+the step, and the rank rejoins once the launcher has restarted it (see :mod:`relayrl.trainer.elastic`).
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ import signal
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from relayrl.algo.config import build_monitors, build_reward_shapers
-from relayrl.algo.determinism import enable_determinism, rng_state, seed_everything, set_rng_state
+from relayrl.algo.determinism import enable_determinism, seed_everything, set_rng_state
 from relayrl.buffer import Buffer, FleetMetrics, Progress, write_progress
 from relayrl.cli.run.events import write_event
 from relayrl.cli.run.layout import RunLayout
@@ -48,19 +48,15 @@ from relayrl.fault_tolerance.faults import maybe_kill
 from relayrl.fault_tolerance.recovery import recover
 from relayrl.rollout.config import build_environment
 from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
-from relayrl.trainer.elastic import ElasticRanks, LeaderGone, View, describe_failure
-from relayrl.trainer.loop import REPUBLISH_CHECK_S, LoopHooks, TrainingLoop, checkpoint_due
+from relayrl.trainer.elastic import ElasticRanks
+from relayrl.trainer.loop import LoopHooks, TrainingLoop
 from relayrl.trainer.metrics import MetricsWriter
-from relayrl.trainer.ranks import Decision, Ranks
+from relayrl.trainer.ranked_loop import RankedLoop, RankHooks
+from relayrl.trainer.ranks import Ranks
 from relayrl.trainer.warmup import MaskedExample, supervised_warmup
 from relayrl.weight_sync import ConcurrentWriter, Publisher
 
 __all__ = ["TrainerProcess", "main"]
-
-MAX_REDO = 5
-"""Elastic ranks: attempts at one step (or one decision) whose collective keeps failing, after which
-the failure is taken for what it is (a bug, not a lost rank) and the trainer process exits."""
-
 
 class StoppedDuringWarmup(Exception):
     """A stop was asked for during the supervised warm-up, which can take minutes: the trainer stops
@@ -79,24 +75,16 @@ class TrainerProcess:
         self.stop = threading.Event()
         self.bus = layout.bus(config)
         self.loop: TrainingLoop | None = None  # the leader's; other ranks only step and save their shard
-        self._step = 0  # the step of a rank without the loop
-        self._rank_unsaved: dict[str, Any] | None = None  # its last step's state while the checkpoint is not due
-        self._batch: Any = None  # the leader's batch behind the current "train" decision
-        self._repair_checked = 0.0  # when the waiting leader last looked for a reason to publish again
-        self._republish_reason: str | None = None
-        self._beaten = 0.0  # when the leader last gave a sign of life (``RunLayout.beat``)
+        self.ranked: RankedLoop | None = None  # every rank's, once its backend is built
+        self.hooks = RunHooks(self)
+        self._resumed_step = 0  # the checkpoint's step, for a resumed rank other than the leader
 
     @property
     def step(self) -> int:
-        """Steps trained (the loop's count on the leader)."""
-        return self.loop.step if self.loop is not None else self._step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        if self.loop is not None:
-            self.loop.step = value
-        else:
-            self._step = value
+        """Steps trained."""
+        if self.ranked is not None:
+            return self.ranked.step
+        return self.loop.step if self.loop is not None else self._resumed_step
 
     # ------------------------------------------------------------------ start-up
     def _build(self) -> None:
@@ -237,7 +225,7 @@ class TrainerProcess:
         self.trainer.load_state_dict(state["trainer"])
         if not self.ranks.leader:
             set_rng_state(state["rng"])
-            self.step = int(state["step"])
+            self._resumed_step = int(state["step"])
             return
         self._start_loop()
         self.loop.restore(state)  # step, buffer cursor, monitors, groups consumed, RNG
@@ -248,18 +236,6 @@ class TrainerProcess:
             write_event(self.layout, "trainer", "checkpoint", f"checkpoint(s) of step(s) {steps} failed verification "
                         f"on every replica and were discarded: resumed from step {self.step}, the steps after it "
                         "are trained again", level="warning", data={"step": self.step, "discarded": recovered.discarded})
-
-    def _weights(self) -> dict[str, torch.Tensor] | None:
-        """The whole model to publish, on the leader (None elsewhere); every rank must call it.
-
-        Every backend yields it tensor by tensor (``named_full_state``: a sharded backend gathers
-        each, collectively under ZeRO-3).
-        """
-        tensors = {}
-        for name, tensor in self.trainer.named_full_state():
-            if self.ranks.leader:
-                tensors[name] = tensor
-        return tensors if self.ranks.leader else None
 
     def _start_loop(self) -> None:
         """The leader's training loop, over the backend just built (other ranks have none)."""
@@ -275,27 +251,8 @@ class TrainerProcess:
             progress=lambda step, version, consumed: write_progress(
                 self.bus, Progress(step=step, version=version, consumed=consumed)),
             publish_every_steps=self.config.weight_sync.publish_every_steps, steps=self.config.trainer.steps,
-            hooks=RunHooks(self), reproducible=self.config.run.deterministic,
+            hooks=self.hooks, reproducible=self.config.run.deterministic,
             checkpoint_every=self.config.trainer.checkpoint_every)
-
-    def _publish_current(self, *, renumber: bool = False, reason: str = "") -> None:
-        """Publish the weights as they are now (every rank calls it: gathering them is collective); the
-        leader's loop decides the version (see ``TrainingLoop.publish_start``) and every rank adopts it.
-
-        With ``reason`` (a starved trainer publishing again: ``TrainingLoop.republish_reason``), a
-        store that refuses them is said in an event and retried at the next check, not raised."""
-        weights = self._weights()
-        version = None
-        if self.loop is not None and not reason:
-            version = self.loop.publish_start(weights, renumber=renumber)
-        elif self.loop is not None:
-            failure = self.loop.republish(reason, weights)
-            version = int(self.loop.backend.version)
-            write_event(self.layout, "trainer", "weights-unpublished" if failure else "weights-republished",
-                        f"{reason}; publishing them again failed too ({failure}); retrying" if failure
-                        else f"{reason}; published the weights again as version {version}", level="warning")
-        # Elastic ranks take the version with the leader's state when they (re)join.
-        self.trainer.version = version if self.ranks.elastic else self.ranks.broadcast(version)
 
     def _beat_until(self, started: threading.Event) -> None:
         while not started.wait(1.0):
@@ -324,28 +281,16 @@ class TrainerProcess:
             self._close()
             self.ranks.close()
             return 0
-        self._publish_current()
+        self.ranked = RankedLoop(
+            self.trainer, ranks=self.ranks, loop=self.loop, checkpointer=getattr(self, "checkpointer", None),
+            stop=self.stop, steps=total, checkpoint_every=self.config.trainer.checkpoint_every,
+            publish_every_steps=self.config.weight_sync.publish_every_steps, step=self._resumed_step, hooks=self.hooks)
+        self.ranked.start()  # publish the current weights; elastic: open the group
         if leader:
             self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": total})
-        if self.ranks.elastic:
-            self._open_elastic_group()
         started.set()  # from here the loop itself gives the signs: a loop that hangs gives none
         try:
-            while True:
-                if leader and time.monotonic() - self._beaten > 1.0:  # the launcher's liveness check reads it
-                    self._beaten = time.monotonic()
-                    self.layout.beat("trainer")
-                if self.ranks.elastic:
-                    decision = self._next_elastic_decision(total)
-                else:
-                    decision = self.ranks.broadcast_decision(self._decide(total) if leader else None)
-                if decision.kind == "stop":
-                    self._checkpoint_pending()  # every rank: the last step, when it fell between checkpoints
-                    break
-                if decision.kind == "train":
-                    self._train_on(decision)
-                elif decision.kind == "republish":
-                    self._publish_current(renumber=True, reason=self._republish_reason or "republishing")
+            self.ranked.run()
         finally:
             self._close()
         if leader:
@@ -355,158 +300,13 @@ class TrainerProcess:
         self.ranks.close()
         return 0
 
-    def _decide(self, total: int) -> Decision:
-        """The leader's next move: stop, train on the next batch, or wait (settling stale groups)."""
-        if self.stop.is_set() or (total and self.step >= total):
-            return Decision("stop")
-        batch = self.loop.next_batch()  # settles what can never be trained while it waits
-        if batch is None:
-            # Starved, perhaps because the engines never got the newest weights (the store refused
-            # them) or cannot build them (a corrupt object): no step is coming to publish again.
-            if time.monotonic() - self._repair_checked > REPUBLISH_CHECK_S:
-                self._repair_checked = time.monotonic()
-                self._republish_reason = self.loop.republish_reason()
-                if self._republish_reason:
-                    return Decision("republish")
-            return Decision("wait")
-        self._batch = batch
-        groups, weights = self.loop.groups_of(batch)
-        return Decision("train", groups, weights)
-
-    def _train_on(self, decision: Decision) -> None:
-        """One step on every rank: the optimiser step, gathering the weights to publish and the checkpoint
-        shard are collective; the leader's loop commits the rest (books, publishing, checkpoint)."""
-        started = time.monotonic()
-        if self.ranks.elastic:
-            metrics = self._step_elastically(decision)
-        else:
-            metrics = self.trainer.step(decision.groups, weights=decision.weights)
-        publish = (self.step + 1) % self.config.weight_sync.publish_every_steps == 0
-        weights = self._weights() if publish else None
-        if self.loop is None:  # a rank other than the leader: its shard of the checkpoint, at the leader's cadence
-            self.step += 1
-            self._rank_unsaved = {"step": self.step, "rng": rng_state()}
-            if checkpoint_due(self.step, self.config.trainer.checkpoint_every, self.config.trainer.steps):
-                self._checkpoint_pending()
-            return
-        batch, self._batch = self._batch, None
-        self.loop.finish_step(batch, metrics, weights=weights, started=started)
-
-    def _checkpoint_pending(self) -> None:
-        """Checkpoint the last step if its checkpoint was not due (``trainer.checkpoint_every``)."""
-        if self.loop is not None:
-            self.loop.checkpoint_pending()
-        elif self._rank_unsaved is not None:
-            state, self._rank_unsaved = self._rank_unsaved, None
-            self.checkpointer.save(state["step"], {**state, "trainer": self.trainer.state_dict()})
-
-    # ------------------------------------------------------------------ elastic ranks (the leader)
-    def _open_elastic_group(self) -> None:
-        """The leader is ready to train: ranks may build, announce themselves and be admitted."""
-        self.ranks.get_state = lambda: {"trainer": self.trainer.state_dict(), "step": self.step}
-
-        def changed(kind: str, message: str, data: dict[str, Any]) -> None:
-            write_event(self.layout, "trainer", "elastic", message, level="warning" if kind != "grew" else "info",
-                        data={"change": kind, "step": self.step, **data})
-
-        self.ranks.on_change = changed
-        self.ranks.open()
-
-    def _next_elastic_decision(self, total: int) -> Decision:
-        """Admit ranks that are ready (a step boundary), decide, and tell every member of the group."""
-        view = self.ranks.newcomers()
-        if view is not None:
-            failure = None
-            try:
-                if self.ranks.world > 1:  # the current members switch groups with the newcomers
-                    self.ranks.broadcast_decision(Decision("regroup", view=view.encode()))
-            except RuntimeError as error:
-                failure = describe_failure(error)
-            # Recovery happens out of the except block (see describe_failure).
-            if failure is not None:
-                self.ranks.recover(failure)
-            else:
-                self.ranks.grow(view)
-        decision = self._decide(total)
-        if decision.kind == "stop":
-            with contextlib.suppress(RuntimeError):  # a rank that is gone needs no telling
-                self.ranks.broadcast_decision(decision)
-            return decision
-        self._share(decision)
-        return decision
-
-    def _share(self, decision: Decision) -> None:
-        """Broadcast ``decision`` to the group, re-forming it (without the dead) until that works."""
-        for attempt in range(MAX_REDO + 1):
-            if self.ranks.world == 1:
-                return
-            try:
-                self.ranks.broadcast_decision(decision)
-                return
-            except RuntimeError as error:
-                if attempt == MAX_REDO:
-                    raise
-                failure = describe_failure(error)
-            self.ranks.recover(failure)  # out of the except block (see describe_failure)
-
-    def _step_elastically(self, decision: Decision) -> dict[str, float]:
-        """The step on the group; when a rank dies in it, the survivors redo it on the same batch."""
-        for attempt in range(MAX_REDO + 1):
-            try:
-                metrics = self.trainer.step(decision.groups, weights=decision.weights)
-                break
-            except RuntimeError as error:  # the backend left no gradient behind (its contract)
-                if self.ranks.world == 1 or attempt == MAX_REDO:
-                    raise
-                failure = describe_failure(error)
-            self.ranks.recover(failure)  # out of the except block (see describe_failure)
-            self._share(decision)
-        metrics.update({"elastic/world_size": float(self.ranks.world), "elastic/regroups": float(self.ranks.regroups),
-                        "elastic/generation": float(self.ranks.view.generation), "elastic/redone": float(attempt)})
-        return metrics
-
-    # ------------------------------------------------------------------ elastic ranks (the others)
     def follow(self) -> int:
-        """An elastic rank other than 0: wait for the leader, then train in its group whenever admitted.
-
-        Returns 0 when the leader stops the group or its process ends (the launcher decides the rest).
-        """
+        """An elastic rank other than 0: wait for the leader, then train in its group whenever admitted
+        (:meth:`RankedLoop.follow`). Returns 0 when the leader stops the group or its process ends."""
         self.ranks.wait_for_leader()
         self._build()
-        self.trainer = None
-
-        def take(state: dict[str, Any]) -> None:
-            if self.trainer is None:
-                self.trainer = self._new_trainer(version=int(state["trainer"]["version"]))
-            self.trainer.load_state_dict(state["trainer"])
-            self.step = int(state["step"])
-
-        self.ranks.set_state = take
-        failures: Counter[int] = Counter()  # failed attempts per leader step
-        while True:
-            try:
-                self.ranks.join()
-            except LeaderGone:
-                return 0
-            try:
-                while True:
-                    decision = self.ranks.broadcast_decision(None)
-                    if decision.kind == "stop":
-                        self.ranks.close()
-                        return 0
-                    if decision.kind == "train":
-                        # Fault injection (tests): die while the others are in this step's collectives.
-                        maybe_kill(f"{self.ranks.name}-in-step", self.step + 1)
-                        self.trainer.step(decision.groups, weights=decision.weights)
-                        self.step += 1
-                    elif decision.kind == "regroup" and not self.ranks.follow_view(View.decode(decision.view)):
-                        break  # the new group did not form: wait to be admitted again
-            except RuntimeError as failure:  # a rank (maybe the leader) died mid-collective
-                failures[self.step] += 1
-                if failures[self.step] > MAX_REDO:  # the same step failing again and again is no lost rank
-                    raise
-                print(f"trainer: collective failed at step {self.step + 1} ({type(failure).__name__}); rejoining",
-                      file=sys.stderr, flush=True)
+        self.ranked = RankedLoop(None, ranks=self.ranks, loop=None, checkpointer=None, stop=self.stop, hooks=self.hooks)
+        return self.ranked.follow(self._new_trainer)
 
     def _close(self) -> None:
         for name in ("checkpointer", "publisher", "metrics", "ledger", "buffer"):  # the leader holds them all
@@ -515,12 +315,32 @@ class TrainerProcess:
                 part.close()
 
 
-class RunHooks(LoopHooks):
-    """What ``relayrl run`` adds to each step of the leader's loop (see the module docstring)."""
+class RunHooks(LoopHooks, RankHooks):
+    """What ``relayrl run`` adds to each step of the leader's loop and to every rank's (see the module
+    docstring)."""
 
     def __init__(self, process: TrainerProcess) -> None:
         self.process = process
         self._waiting_reported = 0.0
+        self._beaten = 0.0  # when the leader last gave a sign of life (``RunLayout.beat``)
+
+    def on_tick(self) -> None:
+        if time.monotonic() - self._beaten > 1.0:  # the launcher's liveness check reads it
+            self._beaten = time.monotonic()
+            self.process.layout.beat("trainer")
+
+    def on_republished(self, reason: str, version: int, failure: Exception | None) -> None:
+        write_event(self.process.layout, "trainer", "weights-unpublished" if failure else "weights-republished",
+                    f"{reason}; publishing them again failed too ({failure}); retrying" if failure
+                    else f"{reason}; published the weights again as version {version}", level="warning")
+
+    def on_elastic_change(self, kind: str, message: str, data: dict[str, Any]) -> None:
+        write_event(self.process.layout, "trainer", "elastic", message, level="warning" if kind != "grew" else "info",
+                    data={"change": kind, "step": self.process.step, **data})
+
+    def before_follower_step(self, name: str, step: int) -> None:
+        # Fault injection (tests): die while the others are in this step's collectives.
+        maybe_kill(f"{name}-in-step", step)
 
     def before_commit(self) -> None:
         # Nothing of this step is committed (weights, ledger, checkpoint) once a newer launcher runs the run.
