@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -185,6 +186,16 @@ def build_environment(rollout: RolloutSection, *, sandbox: Any = None, pm: Any =
     record, config = resolve_plugin(pm, "relayrl_rollout_environments", rollout.environment, rollout.environment_options,
                                     kind="environment", path="rollout.environment")
     return record.factory(config, sandbox=sandbox, pm=pm)
+
+
+def build_engine(name: str, model_dir: str, *, engine_id: str, version: int, max_batch: int, seed: int,
+                 dtype: str | None = None, options: Mapping[str, Any] | None = None, pm: Any = None) -> Any:
+    """The engine backend ``name`` (``relayrl_rollout_engines``) serving the model directory ``model_dir``:
+    the one place engines are built (engine servers, the rollout process's in-process engines,
+    ``relayrl eval``). ``options`` (``[rollout] engine_options``) take precedence over ``dtype``."""
+    factory = lookup(pm, "relayrl_rollout_engines", name, kind="engine").factory
+    merged = {**({"dtype": dtype} if dtype else {}), **(options or {})}
+    return factory(model_dir, engine_id=engine_id, version=version, max_batch=max_batch, seed=seed, **merged)
 
 
 def build_router(rollout: RolloutSection, engines: list[Any], *, deployment: str | None = None,

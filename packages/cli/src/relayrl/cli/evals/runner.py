@@ -31,7 +31,7 @@ import msgspec
 from relayrl.cli.evals.model import EvalModel, quiet_transformers
 from relayrl.core.config import Config, load_config
 from relayrl.core.errors import RelayrlError
-from relayrl.core.plugins import lookup, registrations
+from relayrl.core.plugins import registrations
 from relayrl.core.wire import Group, TaskSpec
 
 __all__ = ["EvalOptions", "TaskSet", "resolve_tasks", "run_eval"]
@@ -189,7 +189,7 @@ def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: Any = Non
 
 async def _evaluate(model: EvalModel, config: Config, environment: Any, task_set: TaskSet, remaining: list[TaskSpec],
                     options: EvalOptions, out: Path, records_file: Any, pm: Any) -> None:
-    from relayrl.rollout.config import build_harness, build_router
+    from relayrl.rollout.config import build_engine, build_harness, build_router
     from relayrl.rollout.evaluation import evaluate
     from relayrl.rollout.models import load_tokenizer, make_chat_format
     from relayrl.rollout.protocol import SamplingParams
@@ -199,10 +199,9 @@ async def _evaluate(model: EvalModel, config: Config, environment: Any, task_set
     quiet_transformers()
     tokenizer = load_tokenizer(model.model_dir)
     chat = make_chat_format(config.model, tokenizer)
-    factory = lookup(pm, "relayrl_rollout_engines", section.engine, kind="engine").factory
-    engines = [factory(str(model.model_dir), engine_id=f"engine-{index}", version=model.version,
-                       max_batch=section.max_batch, seed=config.run.seed + index,
-                       **{"dtype": section.serving_dtype(config.model), **section.engine_options})
+    engines = [build_engine(section.engine, str(model.model_dir), engine_id=f"engine-{index}", version=model.version,
+                            max_batch=section.max_batch, seed=config.run.seed + index,
+                            dtype=section.serving_dtype(config.model), options=section.engine_options, pm=pm)
                for index in range(section.engines)]
     router = build_router(section, engines, deployment=str(out.resolve()), pm=pm)
     sampling = config.algo.sampling

@@ -34,7 +34,7 @@ from relayrl.buffer import SegmentWriter, create_prompt_scheduler, write_fleet_c
 from relayrl.cli.run.layout import RunLayout
 from relayrl.core.config import Config
 from relayrl.core.errors import StoreError
-from relayrl.core.plugins import get_plugin_manager, lookup
+from relayrl.core.plugins import get_plugin_manager
 from relayrl.rollout.config import build_environment, build_harness, build_router
 from relayrl.rollout.engines.http import HttpEngine
 from relayrl.rollout.evaluation import split_tasks
@@ -173,18 +173,18 @@ async def in_process_engines(layout: RunLayout, config: Config, *, pm: Any = Non
     Like the engine servers' ``--wait-for-weights``: returns once every engine serves a published
     version (never the model directory's weights).
     """
+    from relayrl.rollout.config import build_engine
     from relayrl.rollout.weights import start_controller
 
     section = config.rollout
-    factory = lookup(pm, "relayrl_rollout_engines", section.engine, kind="engine").factory
     bus = layout.bus(config)
     engines = []
     for index in range(section.engines):
         # dtype: what the trainer publishes (model.dtype, or engine_dtype for low-precision rollouts);
         # weight sync is bit-exact.
-        options = {"dtype": section.serving_dtype(config.model), **section.engine_options}
-        engine = factory(str(layout.model_path(config)), engine_id=f"engine-{index}", version=0,
-                         max_batch=section.max_batch, seed=config.run.seed + index, **options)
+        engine = build_engine(section.engine, str(layout.model_path(config)), engine_id=f"engine-{index}", version=0,
+                              max_batch=section.max_batch, seed=config.run.seed + index,
+                              dtype=section.serving_dtype(config.model), options=section.engine_options, pm=pm)
         controller, _, _ = start_controller(engine, bus, config.weight_sync)
         if controllers is not None:
             controllers[engine.engine_id] = controller

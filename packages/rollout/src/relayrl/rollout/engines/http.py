@@ -183,14 +183,12 @@ class HttpEngine(InferenceEngine):
 
 def _build_engine(args: argparse.Namespace) -> tuple[InferenceEngine, Any]:
     """The engine ``--engine`` names (``relayrl_rollout_engines``), and the model directory's tokenizer."""
-    from relayrl.core.plugins import get_plugin_manager, lookup
+    from relayrl.core.plugins import get_plugin_manager
+    from relayrl.rollout.config import build_engine
 
-    factory = lookup(get_plugin_manager(), "relayrl_rollout_engines", args.engine, kind="engine").factory
-    options = json.loads(args.engine_options)
-    if args.dtype:
-        options.setdefault("dtype", args.dtype)
-    engine = factory(args.model, engine_id=args.engine_id, version=args.version, max_batch=args.max_batch,
-                     seed=args.seed, **options)
+    engine = build_engine(args.engine, args.model, engine_id=args.engine_id, version=args.version,
+                          max_batch=args.max_batch, seed=args.seed, dtype=args.dtype or None,
+                          options=json.loads(args.engine_options), pm=get_plugin_manager())
     tokenizer = None
     try:
         from transformers import AutoTokenizer
