@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="needs Ray (pip install relayrl-ray)")
+ray = pytest.importorskip("ray", reason="needs Ray (pip install ./plugins/relayrl-ray)")
 
 
 def only_loopback() -> bool:

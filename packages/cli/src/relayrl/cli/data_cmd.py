@@ -60,7 +60,7 @@ def _run_verify(args: argparse.Namespace) -> int:
 
 
 def _sandbox_missing(args: argparse.Namespace) -> int:
-    raise RelayrlError("relayrl data verify needs relayrl-sandbox: pip install relayrl-sandbox")
+    raise RelayrlError("relayrl data verify needs relayrl-sandbox (pip install ./packages/sandbox from a clone)")
 
 
 def _run_filter(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ of a step winning) and the run's events (``events/`` objects on the bus, ``RunEv
 Plots, each drawn only when the run recorded its metrics: reward (mean ± std), entropy (full
 distribution and kept-set), train/inference mismatch KL (k1, k3), staleness histogram, response
 length and turns, tokens/s (trainer and fleet), weight-sync timings. Monitor alarms are marked on
-every plot and listed in a table. Needs matplotlib (``pip install 'relayrl[report]'``).
+every plot and listed in a table. Needs matplotlib (relayrl's ``report`` extra).
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def write_report(run_dir: str | Path, output: str | Path | None = None) -> Repor
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise RelayrlError("relayrl report needs matplotlib: pip install 'relayrl[report]'") from exc
+        raise RelayrlError("relayrl report needs matplotlib: pip install matplotlib (relayrl's report extra)") from exc
     run_dir = Path(run_dir)
     records, events = load_run(run_dir)
     if not records:

@@ -92,7 +92,7 @@ class S3Store(FsspecStore):
         try:
             import s3fs
         except ImportError as exc:
-            raise StoreError(f"store {url}: the s3 backend needs s3fs (pip install 'relayrl-core[s3]')") from exc
+            raise StoreError(f"store {url}: the s3 backend needs s3fs (install relayrl-core with its s3 extra: pip install './packages/core[s3]' from a clone)") from exc
         conditional_put = options.pop("conditional_put", True)
         retry = options.pop("retry", None)
         endpoint = options.pop("endpoint_url", None) or os.environ.get("AWS_ENDPOINT_URL")
