@@ -8,7 +8,9 @@ from relayrl.core.config import Section, resolve_plugin
 from relayrl.core.errors import ConfigError, PluginError
 from relayrl.core.plugins import (
     Registration,
+    capabilities,
     create_plugin_manager,
+    declared_capabilities,
     describe_hookspecs,
     hookimpl,
     lookup,
@@ -187,6 +189,60 @@ def test_registrations_declare_their_config_and_capabilities():
         Registration("x", dict, capabilities="elastic")  # a string is not a set of names
     with pytest.raises(ValueError, match="config must be a struct type"):
         Registration("x", dict, config=Section())
+
+
+def test_a_kind_s_capabilities_are_a_closed_vocabulary_and_a_misspelt_one_is_refused_with_its_plugin():
+    from relayrl.core.plugins import hookspec
+
+    class AreaSpecs:
+        @staticmethod
+        @hookspec
+        @capabilities(fast="it is fast", **{"data-parallel": "one of several ranks"})
+        def relayrl_area_things():
+            """Things."""
+
+        @staticmethod
+        @hookspec
+        def relayrl_area_others():
+            """Others: no capabilities at all."""
+
+    class Package:
+        @hookimpl
+        def relayrl_addhooks(self, pluginmanager):
+            pluginmanager.add_hookspecs(AreaSpecs)
+
+    def plugin(hook, claimed):
+        class Plugin:
+            pass
+
+        setattr(Plugin, hook, hookimpl(lambda self: [Registration("x", dict, capabilities=claimed)], specname=hook))
+        return Plugin()
+
+    def manager(hook, claimed):
+        return create_plugin_manager(load_entry_points=False, plugins=[("area", Package()),
+                                                                       ("third", plugin(hook, claimed))])
+
+    pm = manager("relayrl_area_things", {"fast", "data-parallel"})
+    assert registrations(pm, "relayrl_area_things")["x"].capabilities == {"fast", "data-parallel"}
+    assert sorted(declared_capabilities(pm, "relayrl_area_things")) == ["data-parallel", "fast"]
+    with pytest.raises(PluginError, match=r"plugin 'third': relayrl_area_things record 'x' claims capabilities "
+                                          r"\['data_parallel'\] that the hook does not define \(defined: "
+                                          r"\['data-parallel', 'fast'\]\)"):
+        registrations(manager("relayrl_area_things", {"data_parallel"}), "relayrl_area_things")
+    with pytest.raises(PluginError, match=r"claims capabilities \['fast'\] .*\(defined: none\)"):
+        registrations(manager("relayrl_area_others", {"fast"}), "relayrl_area_others")
+
+
+def test_every_built_in_capability_is_declared_by_its_hook():
+    pm = create_plugin_manager()
+    for hook, expected in (("relayrl_trainer_backends", {"data-parallel", "elastic"}),
+                           ("relayrl_rollout_routers", {"discovery"}), ("relayrl_sandbox_task_sources", {"detects"})):
+        try:
+            declared = declared_capabilities(pm, hook)
+        except PluginError:
+            continue  # the package defining it is not installed in this session
+        assert set(declared) == expected and all(declared.values()), hook
+        registrations(pm, hook)  # the built-ins' claims are all declared
 
 
 def test_resolve_plugin_decodes_declared_options_and_names_the_key():

@@ -37,7 +37,7 @@ import importlib.metadata as importlib_metadata
 import inspect
 import os
 import threading
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 import pluggy
@@ -61,6 +61,31 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 """Marker for hook implementations (used by every plugin)."""
 
 F = TypeVar("F")
+H = TypeVar("H", bound=Callable[..., Any])
+
+
+def capabilities(**meanings: str) -> Callable[[H], H]:
+    """Declare the capabilities a registration hook's records may claim, each with what it promises
+    (``@capabilities(discovery="the factory also has serve_engine(...)")``, under ``@hookspec``).
+
+    A kind's vocabulary is closed: :func:`registrations` refuses a record claiming a capability its
+    hook does not declare (a misspelt ``"data_parallel"`` would otherwise just be ignored), so a
+    typo fails when the plugin is loaded (``relayrl plugins``, ``relayrl config check``), not mid-run.
+    """
+    def mark(function: H) -> H:
+        function.relayrl_capabilities = dict(meanings)  # type: ignore[attr-defined]
+        return function
+
+    return mark
+
+
+def declared_capabilities(pm: pluggy.PluginManager | None, hook_name: str) -> dict[str, str]:
+    """The capabilities records of ``hook_name`` may claim, with what each promises (empty: none)."""
+    pm = get_plugin_manager() if pm is None else pm
+    caller = getattr(pm.hook, hook_name, None)
+    if caller is None or caller.spec is None:
+        raise PluginError(f"{hook_name}: no such hook (is the package that defines it installed?)")
+    return dict(getattr(caller.spec.function, "relayrl_capabilities", {}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +103,11 @@ class Registration(Generic[F]):
         decodes into, with its own checks; :func:`relayrl.core.config.resolve_plugin` decodes it and
         the factory receives the result. None: the thing takes no options.
     ``capabilities``
-        Names of optional abilities its kind defines (each hookspec lists them; for example a trainer
-        backend's ``data-parallel`` and ``elastic``, a router's ``discovery``). A capability may
-        promise more of the factory or product (the hookspec says what).
+        Names of optional abilities its kind defines: each hook declares its vocabulary with
+        :func:`capabilities` (a trainer backend's ``data-parallel`` and ``elastic``, a router's
+        ``discovery``, a task source's ``detects``), and a record claiming any other name is refused.
+        A capability may promise more of the factory or product; a Protocol next to the hook states it
+        (``DiscoveryRouterFactory``, ``DetectingTaskSourceFactory``).
     """
 
     name: str
@@ -277,6 +304,7 @@ def registrations(pm: pluggy.PluginManager | None, hook_name: str, **kwargs: Any
     if caller is None or caller.spec is None:
         raise PluginError(f"{hook_name}: no such hook (is the package that defines it installed?)")
     result: dict[str, Registration[Any]] = {}
+    allowed = getattr(caller.spec.function, "relayrl_capabilities", {})
     # get_hookimpls() is in registration order (pluggy *calls* them in reverse); registries keep
     # load order, so built-ins come first.
     for impl in caller.get_hookimpls():
@@ -290,6 +318,10 @@ def registrations(pm: pluggy.PluginManager | None, hook_name: str, **kwargs: Any
         for record in records:
             if not isinstance(record, Registration):
                 raise PluginError(f"plugin {impl.plugin_name!r}: {hook_name} yielded {record!r}, expected a Registration")
+            unknown = sorted(set(record.capabilities) - set(allowed))
+            if unknown:
+                raise PluginError(f"plugin {impl.plugin_name!r}: {hook_name} record {record.name!r} claims capabilities "
+                                  f"{unknown} that the hook does not define (defined: {sorted(allowed) or 'none'})")
             if record.name in result:
                 first = result[record.name].plugin
                 raise PluginError(

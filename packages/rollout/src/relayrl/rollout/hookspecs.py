@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relayrl.core.plugins import Registration, hookspec
+from relayrl.core.plugins import Registration, capabilities, hookspec
 from relayrl.rollout.environment import EnvironmentFactory
 
 if TYPE_CHECKING:
@@ -30,6 +30,15 @@ class RouterFactory(Protocol):
     """Builds a router (itself an :class:`~relayrl.rollout.protocol.InferenceEngine`) over ``engines``."""
 
     def __call__(self, engines: list[InferenceEngine], **options: Any) -> InferenceEngine: ...
+
+
+class DiscoveryRouterFactory(RouterFactory, Protocol):
+    """What capability ``discovery`` promises of a router factory: engines register with the router
+    themselves. Built over engines that registered already it takes ``deployment`` (the run directory,
+    which scopes its namespace), ``serve=False`` and ``expect_instances``."""
+
+    async def serve_engine(self, engine: InferenceEngine, *, deployment: str | None = ..., **options: Any) -> Any:
+        """Make ``engine`` reachable through the router (each engine process awaits it); the worker."""
 
 
 class Harness(Protocol):
@@ -71,6 +80,7 @@ def relayrl_rollout_engines() -> Iterable[Registration[EngineFactory]]:
 
 
 @hookspec
+@capabilities(discovery="engines register with the router themselves (DiscoveryRouterFactory: serve_engine)")
 def relayrl_rollout_routers() -> Iterable[Registration[RouterFactory]]:
     """Routers, one :class:`Registration` per name.
 
@@ -79,11 +89,8 @@ def relayrl_rollout_routers() -> Iterable[Registration[RouterFactory]]:
     and raises ``EngineDied`` for failures after it (the token-recording proxy resumes those). It
     must pass ``relayrl.rollout.testing.RouterTests``. Built in: ``round-robin``, ``least-loaded``.
 
-    Capability ``discovery`` (declared in the registration's ``capabilities``): engines register with
-    the router themselves. The factory then also has ``async serve_engine(engine, *, deployment,
-    **options)``, which each engine process awaits to become reachable through the router, and
-    takes ``deployment`` (the run directory, which scopes its namespace), ``serve=False`` and
-    ``expect_instances`` when it is built over engines that registered already (plugin: ``dynamo``).
+    Capability ``discovery``: engines register with the router themselves; the factory is then a
+    :class:`DiscoveryRouterFactory` (plugin: ``dynamo``).
     """
 
 

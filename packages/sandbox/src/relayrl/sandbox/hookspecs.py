@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from relayrl.core.plugins import Registration, hookspec
+from relayrl.core.plugins import Registration, capabilities, hookspec
 
 if TYPE_CHECKING:
     from relayrl.core.wire import CheatingFlag, TaskSpec
@@ -80,7 +80,17 @@ def relayrl_sandbox_exploit_detectors() -> Iterable[Registration[ExploitDetector
     """
 
 
+class DetectingTaskSourceFactory(TaskSourceFactory, Protocol):
+    """What capability ``detects`` promises of a task source: it recognises its own locations."""
+
+    @staticmethod
+    def accepts(location: str | Path, /) -> bool:
+        """Whether ``location`` is this source's (so :func:`~relayrl.sandbox.task_sources.load_tasks`
+        picks it for a location without a name)."""
+
+
 @hookspec
+@capabilities(detects="the source recognises its own locations (DetectingTaskSourceFactory: accepts)")
 def relayrl_sandbox_task_sources() -> Iterable[Registration[TaskSourceFactory]]:
     """Task sources, selected by ``[sandbox] task_source`` or guessed from a location.
 

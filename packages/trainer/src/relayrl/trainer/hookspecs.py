@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relayrl.core.plugins import Registration, hookspec
+from relayrl.core.plugins import Registration, capabilities, hookspec
 
 if TYPE_CHECKING:
     import torch
@@ -49,6 +49,10 @@ class TrainerBackendFactory(Protocol):
 
 
 @hookspec
+@capabilities(**{"data-parallel": "trains as one of several ranks under [trainer] ranks > 1 (its state_dict is "
+                                   "the rank's shard)",
+                 "elastic": "every rank holds the whole model and its gradient does not depend on the number of "
+                            "ranks: the group may change size between steps ([trainer] elastic)"})
 def relayrl_trainer_backends() -> Iterable[Registration[TrainerBackendFactory]]:
     """Trainer backends, selected by ``[trainer] backend``.
 
