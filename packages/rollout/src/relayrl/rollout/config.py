@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from relayrl.core.config import ConfigError, Section, resolve_plugin
 from relayrl.core.errors import PluginError
-from relayrl.core.plugins import lookup
+from relayrl.core.plugins import lookup, registrations
 
-__all__ = ["EvalSection", "ModelSection", "RolloutSection", "build_environment", "build_harness", "build_router"]
+__all__ = ["EvalSection", "ModelSection", "RolloutSection", "build_engine", "build_environment", "build_harness", "build_router"]
 
 
 class ModelSection(Section, kw_only=True):
@@ -110,10 +110,17 @@ class RolloutSection(Section, kw_only=True):
     start_timeout_s: float = 300.0
 
     def check(self, pm: Any, path: str) -> None:
+        # relayrl-rollout ships no environment (relayrl-environments and plugins do). A process with none
+        # installed (a trainer-only library install loading a run's config) does not judge the name: it
+        # cannot build one either, and build_environment says so if it is asked to. With any installed,
+        # the name and its options are checked here like every other plugin's.
+        environments = bool(registrations(pm, "relayrl_rollout_environments"))
         for key, hook, kind in (("environment", "relayrl_rollout_environments", "environment"),
                                 ("harness", "relayrl_rollout_harnesses", "harness"),
                                 ("engine", "relayrl_rollout_engines", "engine"),
                                 ("router", "relayrl_rollout_routers", "router")):
+            if key == "environment" and not environments:
+                continue
             try:
                 lookup(pm, hook, getattr(self, key), kind=kind)
             except PluginError as exc:
@@ -130,8 +137,9 @@ class RolloutSection(Section, kw_only=True):
         if self.max_restarts < 0 or self.restart_window_s < 0 or self.liveness_timeout_s < 0:
             raise ConfigError(f"{path}: max_restarts, restart_window_s and liveness_timeout_s must be at least 0 "
                               f"(got {self.max_restarts}, {self.restart_window_s}, {self.liveness_timeout_s})")
-        resolve_plugin(pm, "relayrl_rollout_environments", self.environment, self.environment_options,
-                       kind="environment", path=f"{path}.environment")
+        if environments:
+            resolve_plugin(pm, "relayrl_rollout_environments", self.environment, self.environment_options,
+                           kind="environment", path=f"{path}.environment")
         resolve_plugin(pm, "relayrl_rollout_harnesses", self.harness, self.harness_options, kind="harness",
                        path=f"{path}.harness")
 
