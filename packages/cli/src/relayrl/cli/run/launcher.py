@@ -586,6 +586,17 @@ class Launcher:
             for member in members:
                 member.wait(5)  # SIGKILL after 5 s: a stopped process does not act on SIGTERM
 
+    def _full_disk_cause(self, status: int | None) -> str | None:
+        """A process that exited on its own while the run directory's disk has no room died of it, even
+        when its log does not say so: the disk may have cut the log short before the error's last line
+        (found by the transient-fault soak: such a trainer was restarted at once, again and again)."""
+        if status is None or status <= 0:
+            return None
+        free = free_bytes(self.layout.root)
+        if free >= MIN_FREE_BYTES + newest_checkpoint_bytes(self.layout.root):
+            return None
+        return f"{DISK_FULL} ({free >> 20} MiB free in {self.layout.root}; its log may be cut short by it)"
+
     def _wait_for_disk_space(self, name: str, cause: str) -> None:
         """Before restarting a process that died of a full disk: wait (supervising) until the run
         directory's file system has room again, so that a disk that fills and frees costs one restart,
@@ -613,14 +624,14 @@ class Launcher:
             print(f"last lines of {child.log_path}:\n" + "\n".join(f"  {line}" for line in tail), file=sys.stderr,
                   flush=True)
             within = f" within {window:.0f} s" if window > 0 else ""
-            cause = getattr(child, "hung", None) or death_cause(status, tail)
+            cause = getattr(child, "hung", None) or death_cause(status, tail) or self._full_disk_cause(status)
             raise RunFailed(f"{child.name} died (exit {status}{': ' + cause if cause else ''}) after {len(recent)} "
                             f"restarts{within} ([rollout] max_restarts, restart_window_s; {child.restarts} in the "
                             f"whole run); see {child.log_path}")
         what = child.name
         if isinstance(child, TrainerRanks) and child.failed is not None:
             what = f"{child.name} (process {child.failed}; every rank restarts)"
-        cause = getattr(child, "hung", None) or death_cause(status, tail)
+        cause = getattr(child, "hung", None) or death_cause(status, tail) or self._full_disk_cause(status)
         if cause and cause.startswith(DISK_FULL):
             self._wait_for_disk_space(child.name, cause)
         # The log's last lines travel with the event: the display prints them, the report lists them.
