@@ -140,7 +140,7 @@ def _layer(distribution: str) -> int | None:
     return PLUGIN_LAYER if distribution.startswith("relayrl-") else None
 
 
-def _layering_violations(folder: Path) -> list[str]:
+def _layering_violations(folder: Path, root: Path = ROOT) -> list[str]:
     with open(folder / "pyproject.toml", "rb") as handle:
         project = tomllib.load(handle)["project"]
     own = _normalise(project["name"])
@@ -167,7 +167,7 @@ def _layering_violations(folder: Path) -> list[str]:
             if target is None or _distribution_of(module) == own:
                 continue
             if target > (layer - 1 if library else layer):
-                violations.append(f"{path.relative_to(ROOT)}:{line}: import {module} (layer {target}, {own} is layer {layer})")
+                violations.append(f"{path.relative_to(root)}:{line}: import {module} (layer {target}, {own} is layer {layer})")
     return violations
 
 
@@ -193,11 +193,6 @@ def test_a_backward_import_is_caught(tmp_path):
     (package / "src" / "relayrl" / "buffer").mkdir(parents=True)
     (package / "src" / "relayrl" / "buffer" / "__init__.py").write_text("from relayrl.rollout import manager\n")
     (package / "pyproject.toml").write_text('[project]\nname = "relayrl-buffer"\ndependencies = ["relayrl-trainer"]\n')
-    global ROOT
-    saved, ROOT = ROOT, tmp_path
-    try:
-        violations = _layering_violations(package)
-    finally:
-        ROOT = saved
+    violations = _layering_violations(package, root=tmp_path)
     assert any("import relayrl.rollout" in violation for violation in violations)
     assert any("relayrl-trainer" in violation for violation in violations)

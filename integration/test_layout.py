@@ -63,3 +63,15 @@ def test_top_level_layout():
 def test_constraints_pin_the_cpu_torch():
     lines = (ROOT / "constraints.txt").read_text().splitlines()
     assert "torch==2.13.0" in [line.strip() for line in lines]
+
+
+def test_every_built_in_capability_is_declared_by_its_hook():
+    """Each kind's capability vocabulary is declared, explained, and covers what the built-ins claim."""
+    from relayrl.core.plugins import create_plugin_manager, declared_capabilities, registrations
+
+    pm = create_plugin_manager()
+    for hook, expected in (("relayrl_trainer_backends", {"data-parallel", "elastic"}),
+                           ("relayrl_rollout_routers", {"discovery"}), ("relayrl_sandbox_task_sources", {"detects"})):
+        declared = declared_capabilities(pm, hook)
+        assert set(declared) == expected and all(declared.values()), hook
+        registrations(pm, hook)  # every installed plugin's claims are declared (else PluginError)

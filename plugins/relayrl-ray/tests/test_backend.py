@@ -5,34 +5,17 @@ from __future__ import annotations
 
 import os
 import signal
-import time
-from pathlib import Path
 
 import pytest
 
 from relayrl.cli.run.launcher import RunFailed, TrainerRanks
-from relayrl.cli.testing import LauncherTests
+from relayrl.cli.testing.launcher_tests import LauncherTests, alive, eventually
 from relayrl.core.config import ConfigError, resolve_plugin
 from relayrl.core.plugins import get_plugin_manager
 from relayrl_ray.backend import RayBackend
 from relayrl_ray.config import RayLauncherOptions, RoleResources
 
 SERVER = "import sys, time; print('starting', flush=True); print('READY 4321', flush=True); time.sleep(60)"
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
-def eventually(check, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.1)
 
 
 @pytest.fixture

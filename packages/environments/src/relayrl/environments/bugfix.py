@@ -40,6 +40,7 @@ def shipped_tasks() -> list[TaskSpec]:
 
     return list(DirectorySource(SHIPPED_TASKS))
 
+
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 
 

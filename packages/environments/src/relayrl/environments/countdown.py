@@ -33,6 +33,7 @@ ALPHABET = "0123456789+-*> :"
 
 OPERATORS = "+-*"
 
+
 def evaluate(expression: str) -> int:
     """The value of a ``+ - *`` expression over single digits (task generation, and the sandboxed grader)."""
     total, sign, term, pending = 0, 1, 1, "*"

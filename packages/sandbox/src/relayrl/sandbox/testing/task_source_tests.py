@@ -20,6 +20,7 @@ Subclass it, set ``name`` (the registered name) and implement :meth:`TaskSourceT
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +110,7 @@ class TaskSourceTests:
 
     def test_a_missing_location_is_an_error_naming_it(self, record, tmp_path) -> None:
         missing = tmp_path / "no-such-tasks"
-        with pytest.raises(SandboxError, match=str(missing).replace(".", r"\.")):
+        with pytest.raises(SandboxError, match=re.escape(str(missing))):
             self._read(record, missing)
 
     def test_a_detecting_source_accepts_its_own_locations_and_not_a_missing_one(self, record, location,
