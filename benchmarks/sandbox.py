@@ -136,7 +136,7 @@ def main() -> None:
     revision = commit()
 
     from relayrl.sandbox.api import Limits, SandboxUnavailable
-    from relayrl.sandbox.config import backends
+    from relayrl.sandbox.hookspecs import SANDBOX_BACKENDS
 
     setup = (f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} cores, "
              f"{'root' if os.geteuid() == 0 else 'not root'}; {calls} serial calls and {turns} turns of 8 concurrent "
@@ -149,7 +149,7 @@ def main() -> None:
         (seed / "pkg").mkdir(parents=True)
         for index in range(20):
             (seed / "pkg" / f"module_{index}.py").write_text(f"VALUE = {index}\n" * 50)
-        for name, record in backends().items():
+        for name, record in SANDBOX_BACKENDS.registrations().items():
             try:
                 backend = record.factory(limits=Limits(wall_time_s=30), require=[], network="none", root=None)
             except SandboxUnavailable as exc:

@@ -75,3 +75,32 @@ def test_every_built_in_capability_is_declared_by_its_hook():
         declared = declared_capabilities(pm, hook)
         assert set(declared) == expected and all(declared.values()), hook
         registrations(pm, hook)  # every installed plugin's claims are declared (else PluginError)
+
+
+def test_every_declared_option_is_a_keyword_its_factory_takes():
+    """The kinds whose factories take options as keywords (stores, engines, routers): what a registration
+    declares in its ``config`` struct is what the factory accepts, with the same defaults where the
+    factory states one, so ``relayrl config check`` accepts exactly what a run can build."""
+    import inspect
+
+    import msgspec
+
+    from relayrl.core.config import Section
+    from relayrl.core.plugins import create_plugin_manager, registrations
+
+    pm = create_plugin_manager()
+    checked = 0
+    for hook in ("relayrl_core_stores", "relayrl_rollout_engines", "relayrl_rollout_routers"):
+        for name, record in registrations(pm, hook).items():
+            if record.config is None:
+                continue
+            assert issubclass(record.config, Section), f"{hook} {name!r}: its options must be a Section"
+            parameters = inspect.signature(record.factory).parameters
+            takes_any = any(parameter.kind is inspect.Parameter.VAR_KEYWORD for parameter in parameters.values())
+            for field in msgspec.structs.fields(record.config):
+                parameter = parameters.get(field.name)
+                assert parameter is not None or takes_any, f"{hook} {name!r}: declares {field.name!r}, the factory lacks it"
+                if parameter is not None and parameter.default is not inspect.Parameter.empty:
+                    assert parameter.default == field.default, f"{hook} {name!r}: {field.name}'s default differs"
+                checked += 1
+    assert checked >= 5  # the built-ins' (file, s3, torch, the routers), at least

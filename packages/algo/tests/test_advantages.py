@@ -9,6 +9,7 @@ import torch
 
 from relayrl.algo.advantages import GRPO, RLOO, DrGRPO
 from relayrl.algo.config import build
+from relayrl.algo.hookspecs import ADVANTAGE_ESTIMATORS
 from relayrl.algo.testing import AdvantageEstimatorTests
 
 
@@ -56,4 +57,4 @@ class TestEveryBuiltinEstimator(AdvantageEstimatorTests):
 
     @pytest.fixture(params=["grpo", "drgrpo", "rloo"])
     def estimator(self, request):
-        return build("relayrl_algo_advantage_estimators", "advantage estimator", request.param, path="algo.advantage")
+        return build(ADVANTAGE_ESTIMATORS, request.param, path="algo.advantage")

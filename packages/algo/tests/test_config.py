@@ -38,8 +38,9 @@ def test_options_reach_the_built_objects():
     config = load_config({"algo": {"loss_options": {"clip_high": 0.3},
                                    "reward_shapers": {"length-penalty": {"budget": 64}}}})
     from relayrl.algo.config import build
+    from relayrl.algo.hookspecs import LOSSES
 
-    loss = build("relayrl_algo_losses", "loss", config.algo.loss, config.algo.loss_options)
+    loss = build(LOSSES, config.algo.loss, config.algo.loss_options)
     assert isinstance(loss, PPOClip) and loss.config.clip_high == 0.3
     (shaper,) = build_reward_shapers(config.algo)
     assert isinstance(shaper, AlternatingLengthPenalty) and shaper.config.budget == 64.0

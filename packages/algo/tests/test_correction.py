@@ -18,6 +18,7 @@ from relayrl.algo.correction import (
     TruncatedIS,
     mismatch_metrics,
 )
+from relayrl.algo.hookspecs import MISMATCH_CORRECTIONS
 from relayrl.algo.testing import CorrectionTests
 from relayrl.core.plugins import Registration, create_plugin_manager, hookimpl
 
@@ -106,7 +107,7 @@ class StalenessPlugin:
 
 def test_a_plugin_correction_can_depend_on_staleness():
     pm = create_plugin_manager(plugins=[("stale", StalenessPlugin())])
-    correction = build("relayrl_algo_mismatch_corrections", "mismatch correction", "drop-stale", {"max_lag": 1}, pm=pm)
+    correction = build(MISMATCH_CORRECTIONS, "drop-stale", {"max_lag": 1}, pm=pm)
     two = MismatchInputs(old_logprobs=torch.zeros(2, 2), behavior_logprobs=torch.zeros(2, 2), mask=torch.ones(2, 2),
                          staleness=torch.tensor([0, 3]))
     assert correction(two).mask.tolist() == [[1.0, 1.0], [0.0, 0.0]]
@@ -117,4 +118,4 @@ class TestEveryBuiltinCorrection(CorrectionTests):
 
     @pytest.fixture(params=["none", "truncated", "token-mask", "sequence-mask", "geometric-mask"])
     def correction(self, request):
-        return build("relayrl_algo_mismatch_corrections", "mismatch correction", request.param, path="algo.correction")
+        return build(MISMATCH_CORRECTIONS, request.param, path="algo.correction")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.algo.config import AlgoSection, MonitorsSection, build_monitors, monitors
+from relayrl.algo.config import AlgoSection, MonitorsSection, build_monitors
+from relayrl.algo.hookspecs import MONITORS
 from relayrl.algo.monitors import (
     AlarmSection,
     EWMAAlarm,
@@ -118,9 +119,9 @@ class TestEveryRegisteredMonitor(MonitorTests):
     """Every registered monitor, built as `[algo.monitors]` builds it, passes the suite a plugin passes;
     and so does the set of them a run uses."""
 
-    @pytest.fixture(params=[*sorted(monitors()), "<the default set>"])
+    @pytest.fixture(params=[*sorted(MONITORS.registrations()), "<the default set>"])
     def make_monitor(self, request):
         if request.param == "<the default set>":
             return lambda: build_monitors(AlgoSection())
-        record = monitors()[request.param]
+        record = MONITORS.registrations()[request.param]
         return lambda: record.factory(MonitorsSection())

@@ -10,11 +10,11 @@ from relayrl.buffer.admission import (
     AdmissionChain,
     StalenessPolicy,
     ZeroVariancePolicy,
-    admission_policies,
     build_admission,
 )
 from relayrl.buffer.config import BufferSection, StalenessSection
 from relayrl.buffer.groups import PendingGroup
+from relayrl.buffer.hookspecs import ADMISSION_POLICIES
 from relayrl.buffer.segments import GroupRef
 from relayrl.buffer.testing import AdmissionPolicyTests, make_group, make_trajectory
 from relayrl.core import wire
@@ -129,7 +129,7 @@ class MinRewardPlugin:
 
 def test_a_plugin_policy_is_found_by_name_and_reads_its_options():
     pm = create_plugin_manager(plugins=[("relayrl-min-reward", MinRewardPlugin())])
-    assert admission_policies(pm)["min-reward"].plugin == "relayrl-min-reward"
+    assert ADMISSION_POLICIES.registrations(pm)["min-reward"].plugin == "relayrl-min-reward"
     config = BufferSection(admission=("min-reward",), policy_options={"min-reward": {"threshold": 0.9}})
     chain = build_admission(config, pm)
     assert chain.admit(pending(make_group("g", rewards=(0.0, 0.8))), 0).drop_reason == "low_reward"

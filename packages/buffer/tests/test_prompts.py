@@ -8,7 +8,8 @@ import msgspec
 import pytest
 
 from relayrl.buffer.config import PromptsSection
-from relayrl.buffer.prompts import PromptScheduler, PromptSchedulerState, create_prompt_scheduler, prompt_schedulers
+from relayrl.buffer.hookspecs import PROMPT_SCHEDULERS
+from relayrl.buffer.prompts import PromptScheduler, PromptSchedulerState, create_prompt_scheduler
 from relayrl.buffer.testing import PromptSchedulerTests, make_group
 from relayrl.core import wire
 from relayrl.core.errors import PluginError, WireError
@@ -160,7 +161,7 @@ class CyclePlugin:
 
 def test_registry_builds_the_configured_scheduler():
     pm = create_plugin_manager(plugins=[("relayrl-cycle", CyclePlugin())])
-    assert sorted(prompt_schedulers(pm)) == ["cycle", "pass-rate"]
+    assert sorted(PROMPT_SCHEDULERS.registrations(pm)) == ["cycle", "pass-rate"]
     assert isinstance(create_prompt_scheduler(TASKS, PromptsSection(), seed=1, pm=pm), PromptScheduler)
     cycle = create_prompt_scheduler(TASKS, PromptsSection(scheduler="cycle"), seed=1, pm=pm)
     assert cycle.next().task_id == "task-01"

@@ -86,7 +86,7 @@ def test_missing_file_is_named(tmp_path, pm):
 def test_overrides_are_applied_before_validation(tmp_path, pm):
     path = write(tmp_path, "[trainer]\nsteps = 5\n")
     config = load_config(path, pm=pm, overrides=["trainer.steps=7", "trainer.optimizer.lr=2e-5", "run.name=abc",
-                                                  "store.options.endpoint_url=http://127.0.0.1:9"])
+                                                  "store.url=s3://bucket/run", "store.options.endpoint_url=http://127.0.0.1:9"])
     assert config.trainer.steps == 7
     assert config.trainer.optimizer.lr == 2e-5
     assert config.run.name == "abc"
@@ -95,6 +95,21 @@ def test_overrides_are_applied_before_validation(tmp_path, pm):
         load_config(path, pm=pm, overrides=["trainer.optimizer.lrr=1"])
     with pytest.raises(ConfigError, match="trainer.steps: expected int, got str"):
         load_config(path, pm=pm, overrides=["trainer.steps=many"])
+
+
+def test_store_options_are_the_ones_its_backend_declares(tmp_path, pm):
+    """[store.options] is checked against the backend of the URL's scheme (the run directory's when empty)."""
+    assert load_config({"store": {"options": {"fsync": False}}}, pm=pm).store.options == {"fsync": False}
+    with pytest.raises(ConfigError, match=r"store.options.fsyn: unknown key; did you mean fsync"):
+        load_config({"store": {"options": {"fsyn": False}}}, pm=pm)
+    s3 = {"url": "s3://bucket/run"}
+    assert load_config({"store": {**s3, "options": {"endpoint_url": "http://127.0.0.1:9", "anon": True}}}, pm=pm)
+    with pytest.raises(ConfigError, match=r"store.options.endpoint: unknown key; did you mean endpoint_url"):
+        load_config({"store": {**s3, "options": {"endpoint": "http://127.0.0.1:9"}}}, pm=pm)
+    with pytest.raises(ConfigError, match=r"store.options.anon: expected bool, got str"):
+        load_config({"store": {**s3, "options": {"anon": "yes"}}}, pm=pm)
+    with pytest.raises(ConfigError, match=r"store.options.endpoint_url: unknown key"):  # not an option of a directory
+        load_config({"store": {"options": {"endpoint_url": "http://127.0.0.1:9"}}}, pm=pm)
 
 
 def test_parse_override_values():
@@ -127,9 +142,9 @@ def test_mapping_source_is_not_mutated(pm):
 
 
 def test_typed_section_registry_and_attribute_errors(pm):
-    from relayrl.core.config import config_sections
+    from relayrl.core.hookspecs import CONFIG_SECTIONS
 
-    sections = config_sections(pm)
+    sections = CONFIG_SECTIONS.registrations(pm)
     assert sections["trainer"].factory is Trainer and sections["run"].plugin == "relayrl-core"
     config = load_config({}, pm=pm)
     assert not hasattr(config, "nonexistent")

@@ -6,6 +6,7 @@ import pytest
 
 from relayrl.core.config import Section, resolve_plugin
 from relayrl.core.errors import ConfigError, PluginError
+from relayrl.core.hookspecs import STORES
 from relayrl.core.plugins import (
     Registration,
     capabilities,
@@ -248,15 +249,15 @@ def test_resolve_plugin_decodes_declared_options_and_names_the_key():
             yield Registration("bare", dict, "takes none")
 
     pm = create_plugin_manager(load_entry_points=False, plugins=[("things", Things())])
-    record, config = resolve_plugin(pm, "relayrl_core_stores", "configured", {"width": 5}, kind="store", path="x.store")
+    record, config = resolve_plugin(pm, STORES, "configured", {"width": 5}, path="x.store")
     assert record.name == "configured" and config == Options(width=5)
-    assert resolve_plugin(pm, "relayrl_core_stores", "bare", None, kind="store", path="x.store")[1] is None
+    assert resolve_plugin(pm, STORES, "bare", None, path="x.store")[1] is None
     for name, options, message in [("configured", {"widht": 1}, "x.store_options.widht: unknown key"),
                                    ("configured", {"width": 0}, "x.store_options.width: must be at least 1"),
                                    ("bare", {"width": 1}, "x.store_options: store 'bare' takes no options"),
                                    ("missing", {}, "x.store: unknown store 'missing'")]:
         with pytest.raises(ConfigError, match=message):
-            resolve_plugin(pm, "relayrl_core_stores", name, options, kind="store", path="x.store")
+            resolve_plugin(pm, STORES, name, options, path="x.store")
 
 
 def test_two_plugins_with_one_name_are_refused(site):

@@ -187,8 +187,8 @@ def test_trailer_layout_is_stable():
 
 
 def test_typed_store_registry():
-    from relayrl.core.store import store_backends
+    from relayrl.core.hookspecs import STORES
 
-    backends = store_backends()
+    backends = STORES.registrations()
     assert backends["file"].factory == LocalStore.from_url
     assert all(record.plugin for record in backends.values())

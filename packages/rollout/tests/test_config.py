@@ -46,3 +46,22 @@ def test_with_an_environment_installed_a_wrong_name_or_option_is_refused_when_th
         load_config({"rollout": {"environment": "countdwn"}}, pm=pm)
     with pytest.raises(ConfigError, match=r"rollout\.environment_options\.taks"):
         load_config({"rollout": {"environment": "only-one", "environment_options": {"taks": 3}}}, pm=pm)
+
+
+@pytest.mark.parametrize(("options", "error"), [
+    ({"engine_options": {"share_prefil": False}}, r"rollout\.engine_options\.share_prefil: unknown key; did you mean share_prefill"),
+    ({"engine_options": {"dtype": "float16"}}, r"rollout\.engine_options\.dtype: unknown key"),  # engine_dtype's job
+    ({"engine_options": {"stream_interval_s": -1}}, r"rollout\.engine_options\.stream_interval_s: must be at least 0"),
+    ({"router_options": {"retry": 3}}, r"rollout\.router_options\.retry: unknown key; did you mean retries"),
+    ({"router_options": {"retries": "3"}}, r"rollout\.router_options\.retries: expected int, got str"),
+    ({"router": "round-robin", "router_options": {"down_for_s": -1}}, r"rollout\.router_options: retries and down_for_s"),
+])
+def test_engine_and_router_options_are_the_ones_their_registrations_declare(options, error):
+    with pytest.raises(ConfigError, match=error):
+        load_config({"rollout": options})
+
+
+def test_declared_engine_and_router_options_load():
+    config = load_config({"rollout": {"engine_options": {"stream_interval_s": 0, "share_prefill": False},
+                                      "router_options": {"retries": 0, "down_for_s": 0.5}}})
+    assert config.rollout.engine_options == {"stream_interval_s": 0, "share_prefill": False}

@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 import torch
 
+from relayrl.core.config import ConfigError
 from relayrl.rollout.engines.http import HttpEngine
 from relayrl.rollout.engines.torch_engine import TorchEngine
 from relayrl.rollout.protocol import GenerateRequest, SamplingParams
@@ -96,15 +97,19 @@ def test_empty_prompt_is_refused():
     asyncio.run(engine.close())
 
 
-def test_builtin_registrations_build_engines_and_routers(tiny_model_dir):
-    from relayrl.core.plugins import registrations
+def test_builtin_registrations_build_engines_and_routers_with_their_declared_options(tiny_model_dir):
+    from relayrl.rollout.config import RolloutSection, build_engine, build_router
     from relayrl.rollout.routing import Router
 
-    engine = registrations(None, "relayrl_rollout_engines")["torch"].factory(str(tiny_model_dir), engine_id="reg")
-    assert isinstance(engine, TorchEngine) and engine.engine_id == "reg"
-    routers = registrations(None, "relayrl_rollout_routers")
-    router = routers["least-loaded"].factory([engine], retries=1)
+    engine = build_engine("torch", str(tiny_model_dir), engine_id="reg", version=3, max_batch=4, seed=0,
+                          options={"stream_interval_s": 0.5, "share_prefill": False})
+    assert isinstance(engine, TorchEngine) and engine.engine_id == "reg" and engine.served_version == 3
+    assert engine.stream_interval_s == 0.5 and not engine.share_prefill
+    router = build_router(RolloutSection(router="least-loaded", router_options={"retries": 1}), [engine])
     assert isinstance(router, Router) and router.policy == "least-loaded" and router.retries == 1
+    with pytest.raises(ConfigError, match=r"rollout.engine_options.share_prefil: unknown key; did you mean share_prefill"):
+        build_engine("torch", str(tiny_model_dir), engine_id="x", version=0, max_batch=1, seed=0,
+                     options={"share_prefil": False})
     span = asyncio.run(router.generate(GenerateRequest(request_id="x", prompt=[1, 2], params=SamplingParams(max_tokens=3))))
     assert len(span) == 3
     asyncio.run(router.close())

@@ -7,14 +7,8 @@ import pytest
 from relayrl.core.config import ConfigError, load_config
 from relayrl.core.plugins import create_plugin_manager, describe_hookspecs
 from relayrl.sandbox.api import CAPABILITIES, Limits, SandboxUnavailable
-from relayrl.sandbox.config import (
-    SandboxSection,
-    backends,
-    describe_protections,
-    exploit_detectors,
-    open_backend,
-    task_sources,
-)
+from relayrl.sandbox.config import SandboxSection, describe_protections, open_backend
+from relayrl.sandbox.hookspecs import EXPLOIT_DETECTORS, SANDBOX_BACKENDS, TASK_SOURCES
 
 
 def test_defaults_validate_and_require_what_an_unprivileged_user_namespace_provides():
@@ -55,9 +49,9 @@ def test_bad_values_fail_at_config_check_naming_the_key(data, message):
 
 
 def test_registries_hold_the_builtins():
-    assert list(backends()) == ["process"]
-    assert sorted(exploit_detectors()) == sorted(SandboxSection().detectors)
-    assert sorted(task_sources()) == ["directory", "jsonl"]
+    assert list(SANDBOX_BACKENDS.registrations()) == ["process"]
+    assert sorted(EXPLOIT_DETECTORS.registrations()) == sorted(SandboxSection().detectors)
+    assert sorted(TASK_SOURCES.registrations()) == ["directory", "jsonl"]
     assert {"relayrl_sandbox_backends", "relayrl_sandbox_exploit_detectors",
             "relayrl_sandbox_task_sources"} <= set(describe_hookspecs(create_plugin_manager()))
 

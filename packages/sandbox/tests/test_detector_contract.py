@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from relayrl.sandbox.config import exploit_detectors
+from relayrl.sandbox.hookspecs import EXPLOIT_DETECTORS
 from relayrl.sandbox.testing import ExploitDetectorTests, call, context
 
 EDIT_TEST = ("diff --git a/tests/test_visible.py b/tests/test_visible.py\n--- a/tests/test_visible.py\n"
@@ -42,11 +42,11 @@ CHEATING = {
 
 
 def test_every_registered_detector_has_cheating_contexts_here():
-    assert sorted(CHEATING) == sorted(exploit_detectors())
+    assert sorted(CHEATING) == sorted(EXPLOIT_DETECTORS.registrations())
 
 
 class TestEveryRegisteredDetector(ExploitDetectorTests):
-    @pytest.fixture(params=sorted(exploit_detectors()))
+    @pytest.fixture(params=sorted(EXPLOIT_DETECTORS.registrations()))
     def registered(self, request):
         return request.param
 
@@ -56,7 +56,7 @@ class TestEveryRegisteredDetector(ExploitDetectorTests):
 
     @pytest.fixture
     def detector(self, registered):
-        return exploit_detectors()[registered].factory()
+        return EXPLOIT_DETECTORS.registrations()[registered].factory()
 
     @pytest.fixture
     def cheating(self, registered):

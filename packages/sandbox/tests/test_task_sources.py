@@ -7,7 +7,7 @@ import json
 import pytest
 
 from relayrl.sandbox.api import SandboxError
-from relayrl.sandbox.config import task_sources
+from relayrl.sandbox.hookspecs import TASK_SOURCES
 from relayrl.sandbox.task_sources import load_tasks
 from relayrl.sandbox.testing import TaskSourceTests
 
@@ -33,7 +33,7 @@ def test_directory_source_is_chosen_for_directories(tmp_path):
     assert [task.task_id for task in tasks] == ["first", "second"]  # the folder names, in order
     assert tasks[0].workspace == str((tmp_path / "first" / "repo").resolve())
     assert tasks[0].gold_patch == "diff --git a/first b/first\n"
-    assert sorted(task_sources()) == ["directory", "jsonl"]
+    assert sorted(TASK_SOURCES.registrations()) == ["directory", "jsonl"]
 
 
 @pytest.mark.parametrize("content, message", [

@@ -7,8 +7,9 @@ import pytest
 
 from relayrl.core.plugins import Registration, create_plugin_manager, hookimpl
 from relayrl.weight_sync.checksum import BLOCK_BYTES
-from relayrl.weight_sync.codecs import BUILTIN_CODECS, DecodeItem, EncodeItem, codec_registry, make_codec
+from relayrl.weight_sync.codecs import BUILTIN_CODECS, DecodeItem, EncodeItem, make_codec
 from relayrl.weight_sync.errors import WeightSyncError
+from relayrl.weight_sync.hookspecs import CODECS
 from relayrl.weight_sync.parallel import ChunkPool
 from relayrl.weight_sync.testing import CodecTests
 from relayrl.weight_sync.testing.codec_tests import changed_pair
@@ -84,7 +85,7 @@ def test_registry_lists_builtins_and_accepts_a_plugin_codec(isolated_plugins):
                                "XOR delta at zstd level 9")
 
     pm = create_plugin_manager(plugins=[("codec-plugin", Plugin())])
-    table = codec_registry(pm)
+    table = CODECS.registrations(pm)
     assert set(BUILTIN_CODECS) <= set(table)
     assert table["xor-zstd-9"].plugin == "codec-plugin"
     assert make_codec("xor-zstd-9", pm=pm).level == 9

@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from relayrl.core.plugins import create_plugin_manager, registrations
+from relayrl.core.hookspecs import STORES
+from relayrl.core.plugins import create_plugin_manager
 from relayrl.core.store import open_store
 from relayrl.core.testing import StoreTests
 from relayrl_template.plugin import SCHEME
@@ -23,6 +24,6 @@ class TestDictStore(StoreTests):
 
 def test_registered_through_the_entry_point():
     pm = create_plugin_manager()
-    record = registrations(pm, "relayrl_core_stores")[SCHEME]
+    record = STORES.registrations(pm)[SCHEME]
     assert record.plugin == "relayrl-template"
     assert isinstance(record.factory(f"{SCHEME}://x"), DictStore)

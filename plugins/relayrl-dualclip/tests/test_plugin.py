@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from relayrl.algo.config import build, losses
+from relayrl.algo.config import build
+from relayrl.algo.hookspecs import LOSSES
 from relayrl.algo.losses import LossInputs
 from relayrl.algo.testing import LossTests
 from relayrl.core.config import ConfigError
@@ -32,8 +33,8 @@ def test_negative_advantage_with_a_huge_ratio_is_bounded_by_c():
 
 
 def test_registered_through_the_entry_point_and_options_validated():
-    assert losses()[NAME].plugin == "relayrl-dualclip"
-    loss = build("relayrl_algo_losses", "loss", NAME, {"clip_ratio_c": 2.5}, path="algo.loss")
+    assert LOSSES.registrations()[NAME].plugin == "relayrl-dualclip"
+    loss = build(LOSSES, NAME, {"clip_ratio_c": 2.5}, path="algo.loss")
     assert isinstance(loss, DualClipPPO) and loss.config.clip_ratio_c == 2.5
     with pytest.raises(ConfigError, match="algo.loss_options.clip_ratio_c: must be > 1"):
-        build("relayrl_algo_losses", "loss", NAME, {"clip_ratio_c": 0.5}, path="algo.loss")
+        build(LOSSES, NAME, {"clip_ratio_c": 0.5}, path="algo.loss")

@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from relayrl.cli.hookspecs import LAUNCHERS
 from relayrl.cli.run.launcher import RunFailed, TrainerRanks
 from relayrl.cli.testing.launcher_tests import LauncherTests, alive, eventually
 from relayrl.core.config import ConfigError, resolve_plugin
@@ -120,5 +121,5 @@ def test_bad_options_are_refused_with_their_dotted_key():
                          ({"trainer_strategy": "TIGHT"}, "launcher.options.trainer_strategy"),
                          ({"adress": "x"}, "launcher.options.adress")):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-            resolve_plugin(pm, "relayrl_cli_launchers", "ray", options, kind="launcher", path="launcher.backend",
+            resolve_plugin(pm, LAUNCHERS, "ray", options, path="launcher.backend",
                            options_path="launcher.options")

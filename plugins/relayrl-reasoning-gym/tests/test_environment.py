@@ -11,6 +11,7 @@ from relayrl.core.config import resolve_plugin
 from relayrl.core.errors import ConfigError, RelayrlError
 from relayrl.core.plugins import get_plugin_manager
 from relayrl.rollout.evaluation import split_tasks
+from relayrl.rollout.hookspecs import ENVIRONMENTS
 from relayrl.rollout.testing import EnvironmentTests
 from relayrl.rollout.testing.environment_tests import answered
 from relayrl_reasoning_gym.environment import ReasoningGymConfig, ReasoningGymEnvironment
@@ -23,8 +24,7 @@ MIX = {"mix": [{"name": "chain_sum", "weight": 2.0, "config": {"max_terms": 2, "
 
 
 def build(options: dict) -> ReasoningGymEnvironment:
-    registration, config = resolve_plugin(get_plugin_manager(), "relayrl_rollout_environments", NAME, options,
-                                          kind="environment", path="rollout.environment")
+    registration, config = resolve_plugin(get_plugin_manager(), ENVIRONMENTS, NAME, options, path="rollout.environment")
     return registration.factory(config)
 
 

@@ -172,9 +172,10 @@ def test_the_weight_sync_controller_keeps_the_engine_current(base_engine, tmp_pa
 
 
 def test_the_plugin_registers_the_engine() -> None:
-    from relayrl.core.plugins import get_plugin_manager, lookup
+    from relayrl.core.plugins import get_plugin_manager
+    from relayrl.rollout.hookspecs import ENGINES
 
-    registration = lookup(get_plugin_manager(), "relayrl_rollout_engines", "vllm", kind="engine")
+    registration = ENGINES.lookup(get_plugin_manager(), "vllm")
     assert "vLLM" in registration.description
 
 

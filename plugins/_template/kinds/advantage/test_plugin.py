@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from relayrl.algo.config import build
+from relayrl.algo.hookspecs import ADVANTAGE_ESTIMATORS
 from relayrl.algo.testing import AdvantageEstimatorTests
 from relayrl_template.advantage import MedianBaseline
 from relayrl_template.plugin import NAME
@@ -18,7 +19,7 @@ class TestMedianBaseline(AdvantageEstimatorTests):
 
 
 def test_registered_through_the_entry_point():
-    estimator = build("relayrl_algo_advantage_estimators", "advantage estimator", NAME, {"scale": 2.0},
+    estimator = build(ADVANTAGE_ESTIMATORS, NAME, {"scale": 2.0},
                       path="algo.advantage")
     result = estimator(torch.tensor([0.0, 1.0, 1.0]), torch.tensor([0, 0, 0]))
     assert torch.equal(result.advantages, torch.tensor([-2.0, 0.0, 0.0]))

@@ -24,8 +24,8 @@ class ZlibCodec:
     name = "relayrl-template"
     is_delta = False
 
-    def __init__(self, level: int = 1, **options: object) -> None:
-        self.level = level  # other options ([weight_sync] chunk_bytes, min_gain) have no use here
+    def __init__(self, *, level: int = 1, chunk_bytes: int = 0, min_gain: float = 0.0) -> None:
+        self.level = level  # chunk_bytes and min_gain ([weight_sync] chunk_mib, min_gain) have no use here
 
     def encode_many(self, items: Sequence[EncodeItem], pool: ChunkPool) -> list[Encoded]:
         return [Encoded(payload=zlib.compress(item.bits.tobytes(), self.level),

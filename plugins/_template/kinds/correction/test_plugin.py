@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.algo.config import build
+from relayrl.algo.hookspecs import MISMATCH_CORRECTIONS
 from relayrl.algo.testing import CorrectionTests
 from relayrl.core.config import ConfigError
 from relayrl_template.correction import SoftCap
@@ -18,7 +19,7 @@ class TestSoftCap(CorrectionTests):
 
 
 def test_registered_through_the_entry_point_and_its_options_checked():
-    assert isinstance(build("relayrl_algo_mismatch_corrections", "correction", NAME, {"cap": 3.0},
+    assert isinstance(build(MISMATCH_CORRECTIONS, NAME, {"cap": 3.0},
                             path="algo.correction"), SoftCap)
     with pytest.raises(ConfigError, match="algo.correction_options.cap: must be > 0"):
-        build("relayrl_algo_mismatch_corrections", "correction", NAME, {"cap": 0.0}, path="algo.correction")
+        build(MISMATCH_CORRECTIONS, NAME, {"cap": 0.0}, path="algo.correction")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from relayrl.algo.config import build
+from relayrl.algo.hookspecs import LOSSES
 from relayrl.algo.testing import LossTests
 from relayrl_template.loss import PolicyGradient
 from relayrl_template.plugin import NAME
@@ -23,5 +24,5 @@ class TestPolicyGradientSequenceMean(LossTests):
 
 
 def test_registered_through_the_entry_point():
-    loss = build("relayrl_algo_losses", "loss", NAME, {"aggregation": "seq-mean-token-sum"}, path="algo.loss")
+    loss = build(LOSSES, NAME, {"aggregation": "seq-mean-token-sum"}, path="algo.loss")
     assert isinstance(loss, PolicyGradient) and loss.aggregation == "seq-mean-token-sum"

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from relayrl.core.plugins import Registration, hookimpl
-from relayrl_dynamo.factory import DynamoRouterFactory
+from relayrl_dynamo.factory import DynamoRouterConfig, DynamoRouterFactory
 
 if TYPE_CHECKING:
     from relayrl.rollout.hookspecs import RouterFactory
@@ -16,4 +16,4 @@ if TYPE_CHECKING:
 def relayrl_rollout_routers() -> Iterator[Registration[RouterFactory]]:
     yield Registration("dynamo", DynamoRouterFactory(),
                        "NVIDIA Dynamo: engines register as instances, requests go over its TCP request plane",
-                       capabilities={"discovery"})
+                       config=DynamoRouterConfig, capabilities={"discovery"})

@@ -21,30 +21,21 @@ typo in a loss option fails before a run starts::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import msgspec
 
+from relayrl.algo.hookspecs import ADVANTAGE_ESTIMATORS, LOSSES, MISMATCH_CORRECTIONS, MONITORS, REWARD_SHAPERS
 from relayrl.algo.monitors import DEFAULT_PHRASES, AlarmSection, MonitorSet
 from relayrl.algo.optim import OptimizerSection
-from relayrl.core.config import ConfigError, Section, resolve_plugin
-from relayrl.core.errors import PluginError
-from relayrl.core.plugins import Registration, lookup, registrations
+from relayrl.core.config import Section, resolve_plugin
+from relayrl.core.errors import ConfigError, PluginError
+from relayrl.core.plugins import Kind, PluginManager
 
-if TYPE_CHECKING:
-    from relayrl.algo.hookspecs import (
-        AdvantageEstimatorFactory,
-        LossFactory,
-        MismatchCorrectionFactory,
-        MonitorFactory,
-        RewardShaperFactory,
-    )
-
-__all__ = ["AlgoSection", "MonitorsSection", "SamplingSection", "advantage_estimators", "build", "build_monitors",
-           "build_reward_shapers", "losses", "mismatch_corrections", "monitors", "reward_shapers"]
+__all__ = ["AlgoSection", "MonitorsSection", "SamplingSection", "build", "build_monitors", "build_reward_shapers"]
 
 
-class SamplingSection(Section, kw_only=True):
+class SamplingSection(Section, frozen=True):
     """``[algo.sampling]``: how rollouts sample (recorded kept-sets make the trainer replay it)."""
 
     temperature: float = 1.0
@@ -71,7 +62,7 @@ class SamplingSection(Section, kw_only=True):
                 "max_kept": self.max_kept or None}
 
 
-class MonitorsSection(Section, kw_only=True):
+class MonitorsSection(Section, frozen=True):
     """``[algo.monitors]``."""
 
     enabled: list[str] = msgspec.field(default_factory=lambda: [
@@ -81,7 +72,7 @@ class MonitorsSection(Section, kw_only=True):
     """Name -> regular expression (case-insensitive) over decoded model text; ratio per step."""
 
 
-class AlgoSection(Section, kw_only=True):
+class AlgoSection(Section, frozen=True):
     """``[algo]``: which estimator, loss, correction, shapers and monitors a run uses."""
 
     advantage: str = "grpo"
@@ -103,50 +94,21 @@ class AlgoSection(Section, kw_only=True):
     def check(self, pm: Any, path: str) -> None:
         self.sampling.check(pm, f"{path}.sampling")
         self.optimizer.check(pm, f"{path}.optimizer")
-        build("relayrl_algo_advantage_estimators", "advantage estimator", self.advantage, self.advantage_options,
-              pm=pm, path=f"{path}.advantage")
-        build("relayrl_algo_losses", "loss", self.loss, self.loss_options, pm=pm, path=f"{path}.loss")
-        build("relayrl_algo_mismatch_corrections", "mismatch correction", self.correction, self.correction_options,
-              pm=pm, path=f"{path}.correction")
+        build(ADVANTAGE_ESTIMATORS, self.advantage, self.advantage_options, pm=pm, path=f"{path}.advantage")
+        build(LOSSES, self.loss, self.loss_options, pm=pm, path=f"{path}.loss")
+        build(MISMATCH_CORRECTIONS, self.correction, self.correction_options, pm=pm, path=f"{path}.correction")
         build_reward_shapers(self, pm=pm, path=path)
         build_monitors(self, pm=pm, path=path)
 
 
-# ------------------------------------------------------------------------------ registries
-def losses(pm: Any = None) -> dict[str, Registration[LossFactory]]:
-    """The ``relayrl_algo_losses`` registry."""
-    return cast("dict[str, Registration[LossFactory]]", registrations(pm, "relayrl_algo_losses"))
-
-
-def advantage_estimators(pm: Any = None) -> dict[str, Registration[AdvantageEstimatorFactory]]:
-    """The ``relayrl_algo_advantage_estimators`` registry."""
-    return cast("dict[str, Registration[AdvantageEstimatorFactory]]", registrations(pm, "relayrl_algo_advantage_estimators"))
-
-
-def mismatch_corrections(pm: Any = None) -> dict[str, Registration[MismatchCorrectionFactory]]:
-    """The ``relayrl_algo_mismatch_corrections`` registry."""
-    return cast("dict[str, Registration[MismatchCorrectionFactory]]", registrations(pm, "relayrl_algo_mismatch_corrections"))
-
-
-def reward_shapers(pm: Any = None) -> dict[str, Registration[RewardShaperFactory]]:
-    """The ``relayrl_algo_reward_shapers`` registry."""
-    return cast("dict[str, Registration[RewardShaperFactory]]", registrations(pm, "relayrl_algo_reward_shapers"))
-
-
-def monitors(pm: Any = None) -> dict[str, Registration[MonitorFactory]]:
-    """The ``relayrl_algo_monitors`` registry."""
-    return cast("dict[str, Registration[MonitorFactory]]", registrations(pm, "relayrl_algo_monitors"))
-
-
-def build(hook_name: str, kind: str, name: str, options: dict[str, Any] | None = None, *, pm: Any = None,
-          path: str = "") -> Any:
+def build(kind: Kind[Any], name: str, options: dict[str, Any] | None = None, *,
+          pm: PluginManager | None = None, path: str = "") -> Any:
     """Look ``name`` up in a registry, decode ``options`` into its ``Config``, and build it.
 
     Errors are :class:`ConfigError`s naming ``path`` (``algo.loss``) or the option's dotted key
     (``algo.loss_options.clip_hihg``).
     """
-    record, config = resolve_plugin(pm, hook_name, name, options, kind=kind, path=path,
-                                    options_path=f"{path}_options" if path else "options")
+    record, config = resolve_plugin(pm, kind, name, options, path=path, options_path=f"{path}_options" if path else "options")
     return record.factory(config) if record.config is not None else record.factory()
 
 
@@ -155,8 +117,7 @@ def build_reward_shapers(section: AlgoSection, *, pm: Any = None, path: str = "a
     shapers = []
     for name, options in section.reward_shapers.items():
         where = f"{path}.reward_shapers.{name}"
-        record, config = resolve_plugin(pm, "relayrl_algo_reward_shapers", name, options, kind="reward shaper",
-                                        path=where, options_path=where)
+        record, config = resolve_plugin(pm, REWARD_SHAPERS, name, options, path=where, options_path=where)
         shapers.append(record.factory(config) if record.config is not None else record.factory())
     return shapers
 
@@ -166,7 +127,7 @@ def build_monitors(section: AlgoSection, *, pm: Any = None, path: str = "algo") 
     built = []
     for name in section.monitors.enabled:
         try:
-            record = lookup(pm, "relayrl_algo_monitors", name, kind="monitor")
+            record = MONITORS.lookup(pm, name)
         except PluginError as exc:
             raise ConfigError(f"{path}.monitors.enabled: {exc}") from None
         built.append(record.factory(section.monitors))

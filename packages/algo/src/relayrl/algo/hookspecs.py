@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relayrl.core.plugins import Registration, hookspec
+from relayrl.core.plugins import Kind, Registration, hookspec
 
 if TYPE_CHECKING:
     import torch
@@ -69,7 +69,10 @@ class RewardShaperFactory(Protocol):
 class Monitor(Protocol):
     """A health monitor over each step's metrics and sampled texts. ``observe`` returns the metrics it
     adds (finite) and its alarms, leaving its inputs alone; ``state()`` (msgpack-encodable) is
-    checkpointed, and a monitor given it by ``restore`` observes what an uninterrupted one would."""
+    checkpointed, and a monitor given it by ``restore`` observes what an uninterrupted one would.
+    ``name`` keys its state inside the run's set of monitors."""
+
+    name: str
 
     def observe(self, step: int, metrics: dict[str, float],
                 texts: Sequence[str] = ...) -> tuple[dict[str, float], list[Alarm]]: ...
@@ -81,6 +84,14 @@ class Monitor(Protocol):
 
 class MonitorFactory(Protocol):
     def __call__(self, config: MonitorsSection, /) -> Monitor: ...
+
+
+# The kinds this package defines, typed by their factory Protocol (relayrl.core.plugins.Kind).
+LOSSES: Kind[LossFactory] = Kind("relayrl_algo_losses", "loss")
+ADVANTAGE_ESTIMATORS: Kind[AdvantageEstimatorFactory] = Kind("relayrl_algo_advantage_estimators", "advantage estimator")
+MISMATCH_CORRECTIONS: Kind[MismatchCorrectionFactory] = Kind("relayrl_algo_mismatch_corrections", "mismatch correction")
+REWARD_SHAPERS: Kind[RewardShaperFactory] = Kind("relayrl_algo_reward_shapers", "reward shaper")
+MONITORS: Kind[MonitorFactory] = Kind("relayrl_algo_monitors", "monitor")
 
 
 @hookspec

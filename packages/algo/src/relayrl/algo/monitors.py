@@ -19,10 +19,13 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from relayrl.core.config import Section
 from relayrl.core.wire import Trajectory
+
+if TYPE_CHECKING:
+    from relayrl.algo.hookspecs import Monitor
 
 __all__ = [
     "DEFAULT_PHRASES",
@@ -172,9 +175,12 @@ class PhraseMonitor:
 
 
 class MonitorSet:
-    """Runs several monitors on each step's metrics and texts; returns new metrics and alarms."""
+    """Runs several monitors on each step's metrics and texts; returns new metrics and alarms (itself a
+    :class:`~relayrl.algo.hookspecs.Monitor`)."""
 
-    def __init__(self, monitors: Iterable[SeriesMonitor | PhraseMonitor]) -> None:
+    name = "monitors"
+
+    def __init__(self, monitors: Iterable[Monitor]) -> None:
         self.monitors = list(monitors)
 
     def observe(self, step: int, metrics: dict[str, float], texts: Sequence[str] = ()) -> tuple[dict[str, float], list[Alarm]]:

@@ -11,7 +11,7 @@
 * :mod:`relayrl.buffer.testing`: realistic test groups and the conformance suites.
 """
 
-from relayrl.buffer.admission import Admission, AdmissionChain, StalenessPolicy, ZeroVariancePolicy, admission_policies
+from relayrl.buffer.admission import Admission, AdmissionChain, StalenessPolicy, ZeroVariancePolicy
 from relayrl.buffer.batch import Batch, BatchGroup, BatchMetrics, DroppedGroup
 from relayrl.buffer.buffer import Buffer
 from relayrl.buffer.config import BufferSection, PromptsSection, RestartSection, StalenessSection
@@ -31,7 +31,6 @@ from relayrl.buffer.prompts import (
     PromptScheduler,
     PromptSchedulerState,
     create_prompt_scheduler,
-    prompt_schedulers,
 )
 from relayrl.buffer.retention import prune_segments
 from relayrl.buffer.segments import GroupRef, SegmentConflict, SegmentWriter, parse_segment_key, segment_key
@@ -61,10 +60,8 @@ __all__ = [
     "StalenessPolicy",
     "StalenessSection",
     "ZeroVariancePolicy",
-    "admission_policies",
     "create_prompt_scheduler",
     "parse_segment_key",
-    "prompt_schedulers",
     "prune_segments",
     "read_fleet_counters",
     "read_progress",

@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
 from relayrl.buffer.config import BufferSection
 from relayrl.buffer.groups import PendingGroup
-from relayrl.core.plugins import Registration, lookup, registrations
+from relayrl.buffer.hookspecs import ADMISSION_POLICIES
 
 if TYPE_CHECKING:
-    from relayrl.buffer.hookspecs import AdmissionPolicyFactory
+    pass
 
-HOOK = "relayrl_buffer_admission_policies"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,15 +127,10 @@ class AdmissionChain:
         return Admission(weight=weight, weight_reason="+".join(reasons))
 
 
-def admission_policies(pm: Any = None) -> dict[str, Registration[AdmissionPolicyFactory]]:
-    """The ``relayrl_buffer_admission_policies`` registry: name -> Registration of a policy factory."""
-    return cast("dict[str, Registration[AdmissionPolicyFactory]]", registrations(pm, HOOK))
-
-
 def build_admission(config: BufferSection, pm: Any = None) -> AdmissionChain:
     """The chain of policies ``config.admission`` names, built from the registry."""
     chain = []
     for name in config.admission:
-        record = lookup(pm, HOOK, name, kind="admission policy")
+        record = ADMISSION_POLICIES.lookup(pm, name)
         chain.append((name, record.factory(config)))
     return AdmissionChain(chain)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relayrl.core.plugins import hookspec
+from relayrl.core.plugins import Kind, hookspec
 
 if TYPE_CHECKING:
     from relayrl.buffer.admission import AdmissionPolicy
@@ -41,6 +41,11 @@ class PromptSchedulerLike(Protocol):
 class PromptSchedulerFactory(Protocol):
     def __call__(self, tasks: Sequence[Any], config: PromptsSection | None = ..., /, *,
                  seed: int = ...) -> PromptSchedulerLike: ...
+
+
+# The kinds this package defines, typed by their factory Protocol (relayrl.core.plugins.Kind).
+ADMISSION_POLICIES: Kind[AdmissionPolicyFactory] = Kind("relayrl_buffer_admission_policies", "admission policy")
+PROMPT_SCHEDULERS: Kind[PromptSchedulerFactory] = Kind("relayrl_buffer_prompt_schedulers", "prompt scheduler")
 
 
 @hookspec

@@ -26,19 +26,18 @@ import hashlib
 import random
 import struct
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from relayrl.buffer.config import PromptsSection
+from relayrl.buffer.hookspecs import PROMPT_SCHEDULERS
 from relayrl.core import wire
 from relayrl.core.errors import WireError
-from relayrl.core.plugins import Registration, lookup, registrations
 
 if TYPE_CHECKING:
-    from relayrl.buffer.hookspecs import PromptSchedulerFactory
+    pass
 
-HOOK = "relayrl_buffer_prompt_schedulers"
 
 
 class TaskStats(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
@@ -204,14 +203,9 @@ class PromptScheduler:
         return out
 
 
-def prompt_schedulers(pm: Any = None) -> dict[str, Registration[PromptSchedulerFactory]]:
-    """The ``relayrl_buffer_prompt_schedulers`` registry: name -> Registration of a scheduler factory."""
-    return cast("dict[str, Registration[PromptSchedulerFactory]]", registrations(pm, HOOK))
-
-
 def create_prompt_scheduler(tasks: Sequence[Any], config: PromptsSection | None = None, *, seed: int = 0,
                             pm: Any = None) -> Any:
     """The scheduler ``config.scheduler`` names, built from the registry."""
     config = config or PromptsSection()
-    record = lookup(pm, HOOK, config.scheduler, kind="prompt scheduler")
+    record = PROMPT_SCHEDULERS.lookup(pm, config.scheduler)
     return record.factory(tasks, config, seed=seed)

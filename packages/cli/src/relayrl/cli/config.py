@@ -25,5 +25,6 @@ class LauncherSection(Section, kw_only=True):
     ``launcher.options.<key>``)."""
 
     def check(self, pm: object, path: str) -> None:
-        resolve_plugin(pm, "relayrl_cli_launchers", self.backend, self.options, kind="launcher",
-                       path=f"{path}.backend", options_path=f"{path}.options")
+        from relayrl.cli.hookspecs import LAUNCHERS
+
+        resolve_plugin(pm, LAUNCHERS, self.backend, self.options, path=f"{path}.backend", options_path=f"{path}.options")

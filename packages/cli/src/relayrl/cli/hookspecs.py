@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from relayrl.core.plugins import Registration, hookspec
+from relayrl.core.plugins import Kind, Registration, hookspec
 
 ROLES = ("trainer", "engine", "mirror", "rollout")
 """The kinds of process a run has: trainer ranks, engine servers, the node mirror, the rollout manager."""
@@ -87,6 +87,10 @@ class LauncherFactory(Protocol):
     def __call__(self, *, options: Any, world: int, run_dir: Path) -> LauncherBackend:
         """``options``: the registration's config struct decoded from ``[launcher] options`` (None
         when it declares none); ``world``: the trainer's ranks, for gang scheduling."""
+
+
+# The kinds this package defines, typed by their factory Protocol (relayrl.core.plugins.Kind).
+LAUNCHERS: Kind[LauncherFactory] = Kind("relayrl_cli_launchers", "launcher")
 
 
 @hookspec

@@ -173,11 +173,12 @@ def _shown(value: Any) -> str:
 
 def _launcher_backend(config: Any, pm: Any, run_dir: Path) -> Any:
     """The ``[launcher]`` backend, built (a cluster launcher connects to its cluster here)."""
+    from relayrl.cli.hookspecs import LAUNCHERS
     from relayrl.core.config import resolve_plugin
 
     section = config.launcher
-    record, options = resolve_plugin(pm, "relayrl_cli_launchers", section.backend, section.options, kind="launcher",
-                                     path="launcher.backend", options_path="launcher.options")
+    record, options = resolve_plugin(pm, LAUNCHERS, section.backend, section.options, path="launcher.backend",
+                                     options_path="launcher.options")
     return record.factory(options=options, world=config.trainer.ranks, run_dir=run_dir)
 
 

@@ -14,11 +14,13 @@ if TYPE_CHECKING:
 
 @hookimpl
 def relayrl_core_stores() -> Iterator[Registration[StoreFactory]]:
-    from relayrl.core.store import LocalStore, MemoryStore, S3Store
+    from relayrl.core.store.backends import LocalStore, LocalStoreConfig, MemoryStore, S3Config, S3Store
 
-    yield Registration("file", LocalStore.from_url, "local or shared POSIX directory (temp file, fsync, rename)")
+    yield Registration("file", LocalStore.from_url, "local or shared POSIX directory (temp file, fsync, rename)",
+                       config=LocalStoreConfig)
     yield Registration("memory", MemoryStore.from_url, "fsspec's in-process memory filesystem (one process only)")
-    yield Registration("s3", S3Store.from_url, "S3 and S3-compatible servers via s3fs (conditional put)")
+    yield Registration("s3", S3Store.from_url, "S3 and S3-compatible servers via s3fs (conditional put)",
+                       config=S3Config)
 
 
 @hookimpl

@@ -32,9 +32,10 @@ from typing import Any, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
+import pluggy
 
 from relayrl.core.errors import ConfigError, PluginError
-from relayrl.core.plugins import Registration, lookup, registrations
+from relayrl.core.plugins import F, Kind, Registration
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -46,6 +47,10 @@ S = TypeVar("S", bound=msgspec.Struct)
 
 class Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=True):
     """Base class of config sections: keyword-only, immutable, unknown keys rejected.
+
+    A subclass inherits all three; the modules under strict mypy restate ``frozen=True`` (``class
+    RunSection(Section, frozen=True)``), since mypy's reading of msgspec's dataclass transform takes a
+    subclass that does not say so for a mutable one.
 
     A section whose values name plugins (``loss = "ppo-clip"``) overrides :meth:`check` to resolve
     those names against the plugin registries and validate their options, so that a bad name fails
@@ -64,7 +69,7 @@ class Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=T
         """
 
 
-class RunSection(Section):
+class RunSection(Section, frozen=True):
     """``[run]``: identity and reproducibility of a run."""
 
     name: str = "relayrl-run"
@@ -85,24 +90,29 @@ class RunSection(Section):
             raise ConfigError(f"{path}.name: {self.name!r} is not a plain directory name (no '/', not '..' or empty)")
 
 
-class StoreSection(Section):
+class StoreSection(Section, frozen=True):
     """``[store]``: the object store that serves as the bus."""
 
     url: str = ""
     """fsspec URL of the bus (``s3://bucket/run``); empty means the run directory itself."""
     options: dict[str, Any] = {}
-    """Backend options passed to the store factory (e.g. ``endpoint_url`` for S3)."""
+    """Options of the store backend of the URL's scheme, as its registration declares them
+    (``endpoint_url`` for ``s3``, ``fsync`` for a directory): a key it does not declare is an error.
+    A scheme no plugin registers (``gs://`` through fsspec) passes them to fsspec's filesystem unchecked."""
 
     def check(self, pm: Any, path: str) -> None:
         # Checked here, not when a process first opens it (then contacting whatever host the URL names).
-        if not self.url:
-            return
         import fsspec
 
-        from relayrl.core.store import store_backends, url_scheme
+        from relayrl.core.hookspecs import STORES
+        from relayrl.core.store import url_scheme
 
-        scheme = url_scheme(self.url)
-        backends = store_backends(pm)
+        scheme = url_scheme(self.url) if self.url else "file"  # empty: the run directory
+        backends = STORES.registrations(pm)
+        if scheme in backends:
+            resolve_plugin(pm, STORES, scheme, self.options, path=f"{path}.url", options_path=f"{path}.options")
+        if not self.url:
+            return
         if scheme == "memory":
             raise ConfigError(f"{path}.url: {self.url!r} lives inside one process, and a run's processes share "
                               f"the bus: use a directory (the default: the run directory) or s3://")
@@ -182,8 +192,8 @@ def convert(data: Any, type_: type[S], *, path: str = "") -> S:
         raise ConfigError(message) from None
 
 
-def resolve_plugin(pm: Any, hook_name: str, name: str, options: Mapping[str, Any] | None, *, kind: str,
-                   path: str, options_path: str | None = None) -> tuple[Registration[Any], Any]:
+def resolve_plugin(pm: pluggy.PluginManager | None, kind: Kind[F], name: str, options: Mapping[str, Any] | None, *,
+                   path: str, options_path: str | None = None) -> tuple[Registration[F], Any]:
     """Look plugin ``name`` up in a registry and decode its options: ``(registration, config)``.
 
     ``config`` is ``options`` decoded into the registration's declared ``config`` struct and checked
@@ -191,26 +201,36 @@ def resolve_plugin(pm: Any, hook_name: str, name: str, options: Mapping[str, Any
     error is one :class:`ConfigError` naming the key: ``path`` (the key naming the plugin, e.g.
     ``algo.loss``) for an unknown name, ``options_path`` (default ``<path>_options``) and the dotted
     option below it for bad options (``algo.loss_options.clip_hihg: unknown key``). The caller builds
-    the thing with the registration's factory, in the shape its kind's hookspec documents.
+    the thing with the registration's factory, in the shape its kind's Protocol documents.
     """
     options_path = options_path or f"{path}_options"
     try:
-        record = lookup(pm, hook_name, name, kind=kind)
+        record = kind.lookup(pm, name)
     except PluginError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     if record.config is None:
         if options:
-            raise ConfigError(f"{options_path}: {kind} {name!r} takes no options (its registration declares no config)")
+            raise ConfigError(f"{options_path}: {kind.noun} {name!r} takes no options (its registration declares no config)")
         return record, None
-    config = convert(dict(options or {}), record.config, path=options_path)
+    config: Any = convert(dict(options or {}), record.config, path=options_path)
     if isinstance(config, Section):  # its own rules (ranges, names), as core checks a run's sections
         config.check(pm, options_path)
     return record, config
 
 
-def config_sections(pm: Any = None) -> dict[str, Any]:
-    """The ``relayrl_core_config_sections`` registry: section name -> Registration of its struct type."""
-    return registrations(pm, "relayrl_core_config_sections")
+def resolve_plugin_keywords(pm: pluggy.PluginManager | None, kind: Kind[F], name: str, options: Mapping[str, Any] | None,
+                            *, path: str, options_path: str | None = None) -> tuple[Registration[F], dict[str, Any]]:
+    """:func:`resolve_plugin` for the kinds whose factories take their options as keywords (stores,
+    engines, routers): ``(registration, keywords)``.
+
+    The registration's ``config`` struct *declares* the options (names, types, its own checks), so a
+    misspelt or ill-typed key is a :class:`ConfigError` naming it (``rollout.engine_options.share_prefil:
+    unknown key; did you mean share_prefill?``). ``keywords`` holds only the keys the user set, decoded
+    into their declared types: the factory's own defaults apply to the rest.
+    """
+    record, config = resolve_plugin(pm, kind, name, options, path=path, options_path=options_path)
+    keywords = {} if config is None else {key: getattr(config, key) for key in (options or {})}
+    return record, keywords
 
 
 def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[str] = (), pm: Any = None) -> Config:
@@ -242,7 +262,9 @@ def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[s
         # An invalid value that came from --set is the override's fault, not the file's.
         return ConfigError(f"{_origin_of(message, origin, overrides, from_file)}: {message}")
 
-    section_types = {name: record.factory for name, record in config_sections(pm).items()}
+    from relayrl.core.hookspecs import CONFIG_SECTIONS
+
+    section_types = {name: record.factory for name, record in CONFIG_SECTIONS.registrations(pm).items()}
     sections: dict[str, msgspec.Struct] = {}
     for name, value in data.items():
         if name not in section_types:
@@ -251,10 +273,11 @@ def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[s
             raise blamed(f"{name}: expected a table, got {_kind(value)}")
     for name, section_type in section_types.items():
         try:
-            sections[name] = convert(data.get(name, {}), section_type, path=name)
-            if isinstance(sections[name], Section):
-                sections[name].check(pm, name)  # first: a section's own rule says more ("> 0")
-                _refuse_non_finite(sections[name], name)
+            section: msgspec.Struct = convert(data.get(name, {}), section_type, path=name)
+            sections[name] = section
+            if isinstance(section, Section):
+                section.check(pm, name)  # first: a section's own rule says more ("> 0")
+                _refuse_non_finite(section, name)
         except ConfigError as exc:
             raise blamed(str(exc)) from None
     config = Config(sections, origin, data)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relayrl.core.plugins import hookspec
+from relayrl.core.plugins import Kind, hookspec
 
 if TYPE_CHECKING:
     from relayrl.core.config import Section
@@ -19,9 +19,16 @@ if TYPE_CHECKING:
 
 
 class StoreFactory(Protocol):
-    """Opens a :class:`~relayrl.core.store.Store` rooted at ``url`` (options: ``[store.options]``)."""
+    """Opens a :class:`~relayrl.core.store.Store` rooted at ``url``; ``options`` are the keys of
+    ``[store.options]`` the user set, declared by the registration's ``config`` struct (keyword
+    arguments of the factory's own: the signature says ``*args, **options`` only so that a factory
+    may name exactly the options it takes)."""
 
-    def __call__(self, url: str, **options: Any) -> Store: ...
+    def __call__(self, url: str, /, *args: Any, **options: Any) -> Store: ...
+
+
+STORES: Kind[StoreFactory] = Kind("relayrl_core_stores", "store")
+CONFIG_SECTIONS: Kind[type[Section]] = Kind("relayrl_core_config_sections", "config section")
 
 
 @hookspec(historic=True)

@@ -60,6 +60,10 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 """Marker for hook implementations (used by every plugin)."""
 
+PluginManager = pluggy.PluginManager
+"""The type of every ``pm`` argument (:func:`create_plugin_manager` makes one); ``None`` there means
+the process-wide :func:`get_plugin_manager`. Packages annotate with it instead of importing pluggy."""
+
 F = TypeVar("F")
 H = TypeVar("H", bound=Callable[..., Any])
 
@@ -339,6 +343,30 @@ def lookup(pm: pluggy.PluginManager | None, hook_name: str, name: str, *, kind: 
     except KeyError:
         known = ", ".join(sorted(table)) or "none"
         raise PluginError(f"unknown {kind} {name!r} (available: {known})") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind(Generic[F]):
+    """One registry, typed: its registration hook and what its things are called, with ``F`` the
+    factory Protocol of the kind. Each package declares its kinds next to their hookspecs
+    (``ENGINES: Kind[EngineFactory] = Kind("relayrl_rollout_engines", "engine")``), so a lookup through
+    it gives a typed ``Registration[EngineFactory]`` and a builder's result is what the Protocol says::
+
+        record = ENGINES.lookup(pm, "torch")      # Registration[EngineFactory]
+    """
+
+    hook: str
+    """The registration hook (``relayrl_<area>_<noun>``)."""
+    noun: str
+    """What one of its things is called in messages (``unknown engine 'torh' (available: torch, vllm)``)."""
+
+    def registrations(self, pm: pluggy.PluginManager | None = None) -> dict[str, Registration[F]]:
+        """Every record of the kind by name (:func:`registrations`)."""
+        return registrations(pm, self.hook)
+
+    def lookup(self, pm: pluggy.PluginManager | None, name: str) -> Registration[F]:
+        """The record called ``name``, or a PluginError listing the names available (:func:`lookup`)."""
+        return lookup(pm, self.hook, name, kind=self.noun)
 
 
 def describe_hookspecs(pm: pluggy.PluginManager) -> dict[str, str]:

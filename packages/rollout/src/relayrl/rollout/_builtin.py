@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
+from relayrl.core.config import Section
+from relayrl.core.errors import ConfigError
 from relayrl.core.plugins import Registration, RelayrlPluginManager, hookimpl
 
 if TYPE_CHECKING:
@@ -27,31 +29,52 @@ one per token (benchmarks/overhead.py measured ~10% more groups per second on th
 engine that dies costs a resumed request at most this much regeneration."""
 
 
-def _torch_engine(model: str, **options: Any) -> InferenceEngine:
+class TorchEngineConfig(Section, frozen=True):  # frozen as Section is (stated for mypy)
+    """``[rollout] engine_options`` of the ``torch`` engine. (Its dtype is ``[rollout] engine_dtype``'s,
+    else ``[model] dtype``'s: what the trainer publishes, so weight sync stays bit-exact.)"""
+
+    stream_interval_s: float = SERVED_STREAM_INTERVAL_S
+    """Hand a request's tokens to its proxy at most this often (and at its end); 0: every decode step."""
+    share_prefill: bool = True
+    """A group's samples share one prefill of their common prompt (see docs/rollout.md)."""
+
+    def check(self, pm: Any, path: str) -> None:
+        if self.stream_interval_s < 0:
+            raise ConfigError(f"{path}.stream_interval_s: must be at least 0, got {self.stream_interval_s}")
+
+
+def _torch_engine(model: str, *, engine_id: str, version: int, max_batch: int, seed: int, dtype: str | None = None,
+                  stream_interval_s: float = SERVED_STREAM_INTERVAL_S, share_prefill: bool = True) -> InferenceEngine:
     from relayrl.rollout.engines.torch_engine import TorchEngine
 
-    options.setdefault("stream_interval_s", SERVED_STREAM_INTERVAL_S)
-    return TorchEngine.from_pretrained(model, **options)
+    return TorchEngine.from_pretrained(model, dtype=dtype or "float32", engine_id=engine_id, version=version,
+                                       max_batch=max_batch, seed=seed, stream_interval_s=stream_interval_s,
+                                       share_prefill=share_prefill)
 
 
 def _router(policy: Literal["round-robin", "least-loaded"]) -> RouterFactory:
-    def factory(engines: list[InferenceEngine], **options: Any) -> InferenceEngine:
+    def factory(engines: list[InferenceEngine], *, retries: int = 2, down_for_s: float = 2.0) -> InferenceEngine:
         from relayrl.rollout.routing import Router
 
-        return Router(engines, policy=policy, **options)
+        return Router(engines, policy=policy, retries=retries, down_for_s=down_for_s)
 
     return factory
 
 
 @hookimpl
 def relayrl_rollout_engines() -> Iterator[Registration[EngineFactory]]:
-    yield Registration("torch", _torch_engine, "transformers causal LM, batched KV-cache decoding, in-place weight updates")
+    yield Registration("torch", _torch_engine, "transformers causal LM, batched KV-cache decoding, in-place weight updates",
+                       config=TorchEngineConfig)
 
 
 @hookimpl
 def relayrl_rollout_routers() -> Iterator[Registration[RouterFactory]]:
-    yield Registration("round-robin", _router("round-robin"), "each request to the next healthy engine")
-    yield Registration("least-loaded", _router("least-loaded"), "each request to the healthy engine with fewest in flight")
+    from relayrl.rollout.routing import RouterConfig
+
+    yield Registration("round-robin", _router("round-robin"), "each request to the next healthy engine",
+                       config=RouterConfig)
+    yield Registration("least-loaded", _router("least-loaded"), "each request to the healthy engine with fewest in flight",
+                       config=RouterConfig)
 
 
 @hookimpl

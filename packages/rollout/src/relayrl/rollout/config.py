@@ -4,16 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from relayrl.core.config import ConfigError, Section, resolve_plugin
-from relayrl.core.errors import PluginError
-from relayrl.core.plugins import lookup, registrations
+from relayrl.core.config import Section, resolve_plugin, resolve_plugin_keywords
+from relayrl.core.errors import ConfigError
+from relayrl.core.plugins import Kind, PluginManager
+from relayrl.rollout.hookspecs import ENGINES, ENVIRONMENTS, HARNESSES, ROUTERS
+
+if TYPE_CHECKING:
+    from relayrl.rollout.environment import Environment
+    from relayrl.rollout.hookspecs import Harness
+    from relayrl.rollout.protocol import InferenceEngine
 
 __all__ = ["EvalSection", "ModelSection", "RolloutSection", "build_engine", "build_environment", "build_harness", "build_router"]
 
 
-class ModelSection(Section, kw_only=True):
+class ModelSection(Section, frozen=True):
     """``[model]``: the policy's weights, tokenizer and chat format."""
 
     path: str = ""
@@ -51,7 +57,7 @@ MAX_CONCURRENT_GROUPS = 4096
 """The most groups ``[rollout] max_concurrent_groups`` keeps in flight at once."""
 
 
-class RolloutSection(Section, kw_only=True):
+class RolloutSection(Section, frozen=True):
     """``[rollout]``: engines, router, harness and environment of the rollout fleet."""
 
     environment: str = "countdown"
@@ -63,7 +69,8 @@ class RolloutSection(Section, kw_only=True):
     engine: str = "torch"
     """Engine backend of the engine processes (``relayrl_rollout_engines``): ``torch``, ``vllm`` (plugin)."""
     engine_options: dict[str, Any] = {}
-    """More keyword arguments of the engine backend (e.g. vLLM's ``kept_sets``, ``engine_args``)."""
+    """The engine backend's options, as its registration declares them (``torch``: ``TorchEngineConfig``;
+    vLLM's ``kept_sets``, ``engine_args``): a key it does not declare is an error."""
     engine_dtype: Literal["", "float32", "bfloat16", "float16"] = ""
     """Low-precision rollouts: the engines sample in this dtype while the trainer trains in
     ``[model] dtype``; the trainer then publishes its weights converted to it, so weight sync stays
@@ -80,7 +87,8 @@ class RolloutSection(Section, kw_only=True):
     router: str = "least-loaded"
     """Router over the engines (``relayrl_rollout_routers``): ``round-robin``, ``least-loaded``, ``dynamo`` (plugin)."""
     router_options: dict[str, Any] = {}
-    """More keyword arguments of the router (e.g. Dynamo's ``policy``, ``discovery``)."""
+    """The router's options, as its registration declares them (built in: ``RouterConfig``; Dynamo's
+    ``policy``, ``discovery``): a key it does not declare is an error."""
     group_size: int = 8
     """Samples per prompt (G): the group whose rewards give the advantages."""
     max_concurrent_groups: int = 16
@@ -114,17 +122,14 @@ class RolloutSection(Section, kw_only=True):
         # installed (a trainer-only library install loading a run's config) does not judge the name: it
         # cannot build one either, and build_environment says so if it is asked to. With any installed,
         # the name and its options are checked here like every other plugin's.
-        environments = bool(registrations(pm, "relayrl_rollout_environments"))
-        for key, hook, kind in (("environment", "relayrl_rollout_environments", "environment"),
-                                ("harness", "relayrl_rollout_harnesses", "harness"),
-                                ("engine", "relayrl_rollout_engines", "engine"),
-                                ("router", "relayrl_rollout_routers", "router")):
+        environments = bool(ENVIRONMENTS.registrations(pm))
+        # Every plugin name, with the options its registration declares (a misspelt key names itself).
+        kinds: tuple[tuple[str, Kind[Any]], ...] = (("environment", ENVIRONMENTS), ("harness", HARNESSES),
+                                                    ("engine", ENGINES), ("router", ROUTERS))
+        for key, kind in kinds:
             if key == "environment" and not environments:
                 continue
-            try:
-                lookup(pm, hook, getattr(self, key), kind=kind)
-            except PluginError as exc:
-                raise ConfigError(f"{path}.{key}: {exc}") from None
+            resolve_plugin(pm, kind, getattr(self, key), getattr(self, f"{key}_options"), path=f"{path}.{key}")
         for key in ("engines", "engine_threads", "max_batch", "group_size", "max_concurrent_groups", "max_ahead_groups"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{path}.{key}: must be at least 1")
@@ -137,18 +142,13 @@ class RolloutSection(Section, kw_only=True):
         if self.max_restarts < 0 or self.restart_window_s < 0 or self.liveness_timeout_s < 0:
             raise ConfigError(f"{path}: max_restarts, restart_window_s and liveness_timeout_s must be at least 0 "
                               f"(got {self.max_restarts}, {self.restart_window_s}, {self.liveness_timeout_s})")
-        if environments:
-            resolve_plugin(pm, "relayrl_rollout_environments", self.environment, self.environment_options,
-                           kind="environment", path=f"{path}.environment")
-        resolve_plugin(pm, "relayrl_rollout_harnesses", self.harness, self.harness_options, kind="harness",
-                       path=f"{path}.harness")
 
     def serving_dtype(self, model: ModelSection) -> str:
         """The dtype engines serve, and the trainer publishes in: ``engine_dtype``, else ``model.dtype``."""
         return self.engine_dtype or model.dtype
 
 
-class EvalSection(Section, kw_only=True):
+class EvalSection(Section, frozen=True):
     """``[eval]``: held-out evaluation during ``relayrl run``, on the rollout side.
 
     Every ``every_steps`` trainer steps (and once before the first), the rollout process samples the
@@ -189,25 +189,29 @@ class EvalSection(Section, kw_only=True):
             raise ConfigError(f"{path}.k: pass@k needs 1 <= k <= samples ({self.samples}), got {self.k}")
 
 
-def build_environment(rollout: RolloutSection, *, sandbox: Any = None, pm: Any = None) -> Any:
+def build_environment(rollout: RolloutSection, *, sandbox: Any = None,
+                      pm: PluginManager | None = None) -> Environment:
     """The environment ``[rollout] environment`` names, configured by ``environment_options``."""
-    record, config = resolve_plugin(pm, "relayrl_rollout_environments", rollout.environment, rollout.environment_options,
-                                    kind="environment", path="rollout.environment")
+    record, config = resolve_plugin(pm, ENVIRONMENTS, rollout.environment, rollout.environment_options,
+                                    path="rollout.environment")
     return record.factory(config, sandbox=sandbox, pm=pm)
 
 
 def build_engine(name: str, model_dir: str, *, engine_id: str, version: int, max_batch: int, seed: int,
-                 dtype: str | None = None, options: Mapping[str, Any] | None = None, pm: Any = None) -> Any:
+                 dtype: str | None = None, options: Mapping[str, Any] | None = None,
+                 pm: PluginManager | None = None) -> InferenceEngine:
     """The engine backend ``name`` (``relayrl_rollout_engines``) serving the model directory ``model_dir``:
     the one place engines are built (engine servers, the rollout process's in-process engines,
-    ``relayrl eval``). ``options`` (``[rollout] engine_options``) take precedence over ``dtype``."""
-    factory = lookup(pm, "relayrl_rollout_engines", name, kind="engine").factory
-    merged = {**({"dtype": dtype} if dtype else {}), **(options or {})}
-    return factory(model_dir, engine_id=engine_id, version=version, max_batch=max_batch, seed=seed, **merged)
+    ``relayrl eval``). ``options`` (``[rollout] engine_options``) are checked against the options the
+    engine's registration declares; ``dtype`` is what the trainer publishes."""
+    record, keywords = resolve_plugin_keywords(pm, ENGINES, name, options,
+                                               path="rollout.engine")
+    return record.factory(model_dir, engine_id=engine_id, version=version, max_batch=max_batch, seed=seed,
+                          dtype=dtype, **keywords)
 
 
-def build_router(rollout: RolloutSection, engines: list[Any], *, deployment: str | None = None,
-                 registered: bool = False, pm: Any = None) -> Any:
+def build_router(rollout: RolloutSection, engines: list[InferenceEngine], *, deployment: str | None = None,
+                 registered: bool = False, pm: PluginManager | None = None) -> InferenceEngine:
     """The router ``[rollout] router`` names over ``engines``, configured by ``router_options``.
 
     A router with the ``discovery`` capability (Dynamo) can find engines by itself. With
@@ -216,8 +220,8 @@ def build_router(rollout: RolloutSection, engines: list[Any], *, deployment: str
     engine; otherwise it serves the given engines itself. ``deployment`` (the run directory) scopes
     its namespace and discovery.
     """
-    record = lookup(pm, "relayrl_rollout_routers", rollout.router, kind="router")
-    options = dict(rollout.router_options)
+    record, options = resolve_plugin_keywords(pm, ROUTERS, rollout.router, rollout.router_options,
+                                              path="rollout.router")
     if "discovery" in record.capabilities:
         if registered:
             options.update(serve=False, expect_instances=len(engines))
@@ -225,8 +229,8 @@ def build_router(rollout: RolloutSection, engines: list[Any], *, deployment: str
     return record.factory(engines, **options)
 
 
-def build_harness(rollout: RolloutSection, *, pm: Any = None) -> Any:
+def build_harness(rollout: RolloutSection, *, pm: PluginManager | None = None) -> Harness:
     """The agent harness ``[rollout] harness`` names, configured by ``harness_options``."""
-    record, config = resolve_plugin(pm, "relayrl_rollout_harnesses", rollout.harness, rollout.harness_options,
-                                    kind="harness", path="rollout.harness")
+    record, config = resolve_plugin(pm, HARNESSES, rollout.harness, rollout.harness_options,
+                                    path="rollout.harness")
     return record.factory(config) if config is not None else record.factory()

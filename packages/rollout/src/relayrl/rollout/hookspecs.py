@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relayrl.core.plugins import Registration, capabilities, hookspec
+from relayrl.core.plugins import Kind, Registration, capabilities, hookspec
 from relayrl.rollout.environment import EnvironmentFactory
 
 if TYPE_CHECKING:
@@ -21,15 +21,22 @@ if TYPE_CHECKING:
 
 
 class EngineFactory(Protocol):
-    """Starts an :class:`~relayrl.rollout.protocol.InferenceEngine` serving the model directory ``model``."""
+    """Starts an :class:`~relayrl.rollout.protocol.InferenceEngine` serving the model directory ``model``.
 
-    def __call__(self, model: str, **options: Any) -> InferenceEngine: ...
+    ``engine_id``, ``version``, ``max_batch``, ``seed`` and ``dtype`` (what the trainer publishes)
+    come from the run, as keywords; ``options`` are the keys of ``[rollout] engine_options`` the user
+    set, declared by the registration's ``config`` struct (an engine that declares none takes none).
+    (The signature says ``*args, **options`` only so that a factory may name exactly what it takes.)"""
+
+    def __call__(self, model: str, /, *args: Any, **options: Any) -> InferenceEngine: ...
 
 
 class RouterFactory(Protocol):
-    """Builds a router (itself an :class:`~relayrl.rollout.protocol.InferenceEngine`) over ``engines``."""
+    """Builds a router (itself an :class:`~relayrl.rollout.protocol.InferenceEngine`) over ``engines``;
+    ``options`` are the keys of ``[rollout] router_options`` the user set, declared by the
+    registration's ``config`` struct (keywords of the factory's own, as for :class:`EngineFactory`)."""
 
-    def __call__(self, engines: list[InferenceEngine], **options: Any) -> InferenceEngine: ...
+    def __call__(self, engines: list[InferenceEngine], /, *args: Any, **options: Any) -> InferenceEngine: ...
 
 
 class DiscoveryRouterFactory(RouterFactory, Protocol):
@@ -61,6 +68,13 @@ class Harness(Protocol):
 
 class HarnessFactory(Protocol):
     def __call__(self, config: Any = ..., /) -> Harness: ...
+
+
+# The kinds this package defines, typed by their factory Protocol (relayrl.core.plugins.Kind).
+ENGINES: Kind[EngineFactory] = Kind("relayrl_rollout_engines", "engine")
+ROUTERS: Kind[RouterFactory] = Kind("relayrl_rollout_routers", "router")
+HARNESSES: Kind[HarnessFactory] = Kind("relayrl_rollout_harnesses", "harness")
+ENVIRONMENTS: Kind[EnvironmentFactory] = Kind("relayrl_rollout_environments", "environment")
 
 
 @hookspec

@@ -23,12 +23,26 @@ from typing import Any, Literal
 
 import msgspec
 
+from relayrl.core.config import ConfigError, Section
 from relayrl.core.wire import GeneratedSpan
 from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, StreamEvent, collect_span
 
-__all__ = ["ProxyResult", "Router", "TokenRecordingProxy"]
+__all__ = ["ProxyResult", "Router", "RouterConfig", "TokenRecordingProxy"]
 
 Policy = Literal["round-robin", "least-loaded"]
+
+
+class RouterConfig(Section):
+    """``[rollout] router_options`` of the built-in routers (``round-robin``, ``least-loaded``)."""
+
+    retries: int = 2
+    """Other engines a request is retried on when its engine fails before the first token."""
+    down_for_s: float = 2.0
+    """How long an engine that failed is skipped before a health check may bring it back."""
+
+    def check(self, pm: Any, path: str) -> None:
+        if self.retries < 0 or self.down_for_s < 0:
+            raise ConfigError(f"{path}: retries and down_for_s must be at least 0 (got {self.retries}, {self.down_for_s})")
 
 
 class Router(InferenceEngine):

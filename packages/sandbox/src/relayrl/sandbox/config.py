@@ -19,20 +19,17 @@ trainer's host validates the same file but never runs a sandbox.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import Any, Literal
 
 import msgspec
 
-from relayrl.core.config import ConfigError, Section
-from relayrl.core.errors import PluginError
-from relayrl.core.plugins import Registration, lookup, registrations
+from relayrl.core.config import Section
+from relayrl.core.errors import ConfigError, PluginError
 from relayrl.sandbox.api import CAPABILITIES, Limits, SandboxBackend, SandboxUnavailable
+from relayrl.sandbox.hookspecs import EXPLOIT_DETECTORS, SANDBOX_BACKENDS
 
-if TYPE_CHECKING:
-    from relayrl.sandbox.hookspecs import ExploitDetectorFactory, SandboxBackendFactory, TaskSourceFactory
-
-__all__ = ["AUTO", "DEFAULT_DETECTORS", "DEFAULT_REFERENCE_GLOBS", "DEFAULT_REQUIRE", "SandboxSection", "backends",
-           "describe_protections", "exploit_detectors", "open_backend", "task_sources"]
+__all__ = ["AUTO", "DEFAULT_DETECTORS", "DEFAULT_REFERENCE_GLOBS", "DEFAULT_REQUIRE", "SandboxSection",
+           "describe_protections", "open_backend"]
 
 AUTO = "auto"
 """``[sandbox] backend = "auto"``: of the installed backends, the one that provides the most isolation
@@ -55,7 +52,7 @@ DEFAULT_DETECTORS = ["test-edits", "history-access", "network", "outside-writes"
                      "literal-special-casing"]
 
 
-class SandboxSection(Section, kw_only=True):
+class SandboxSection(Section, frozen=True):
     """``[sandbox]``: where agent tools run, how isolated, and how answers are graded."""
 
     backend: str = AUTO
@@ -89,22 +86,22 @@ class SandboxSection(Section, kw_only=True):
     def check(self, pm: Any, path: str) -> None:
         try:
             if self.backend != AUTO:
-                lookup(pm, "relayrl_sandbox_backends", self.backend, kind="sandbox backend")
+                SANDBOX_BACKENDS.lookup(pm, self.backend)
         except PluginError as exc:
             raise ConfigError(f"{path}.backend: {exc}") from None
         unknown = [name for name in self.require if name not in CAPABILITIES]
         if unknown:
             raise ConfigError(f"{path}.require: unknown capabilities {unknown} (known: {', '.join(sorted(CAPABILITIES))})")
-        detectors = exploit_detectors(pm)
+        detectors = EXPLOIT_DETECTORS.registrations(pm)
         for name in self.detectors:
             if name not in detectors:
                 raise ConfigError(f"{path}.detectors: unknown exploit detector {name!r} "
                                   f"(available: {', '.join(sorted(detectors))})")
         if self.max_parallel_tools < 1:
             raise ConfigError(f"{path}.max_parallel_tools: must be >= 1")
-        for field in ("tool_timeout_s", "grading_timeout_s"):
-            if getattr(self, field) <= 0:
-                raise ConfigError(f"{path}.{field}: must be > 0")
+        for key in ("tool_timeout_s", "grading_timeout_s"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{path}.{key}: must be > 0")
         required = ("wall_time_s", "memory_bytes", "max_processes", "max_output_bytes", "disk_bytes")
         for field in msgspec.structs.fields(Limits):
             value = getattr(self.limits, field.name)
@@ -114,21 +111,6 @@ class SandboxSection(Section, kw_only=True):
                 raise ConfigError(f"{path}.limits.{field.name}: must be >= 0 (0: automatic), or -1 for none")
             if field.name != "address_space_bytes" and value < 0:
                 raise ConfigError(f"{path}.limits.{field.name}: must be >= 0")
-
-
-def backends(pm: Any = None) -> dict[str, Registration[SandboxBackendFactory]]:
-    """The ``relayrl_sandbox_backends`` registry."""
-    return cast("dict[str, Registration[SandboxBackendFactory]]", registrations(pm, "relayrl_sandbox_backends"))
-
-
-def exploit_detectors(pm: Any = None) -> dict[str, Registration[ExploitDetectorFactory]]:
-    """The ``relayrl_sandbox_exploit_detectors`` registry."""
-    return cast("dict[str, Registration[ExploitDetectorFactory]]", registrations(pm, "relayrl_sandbox_exploit_detectors"))
-
-
-def task_sources(pm: Any = None) -> dict[str, Registration[TaskSourceFactory]]:
-    """The ``relayrl_sandbox_task_sources`` registry."""
-    return cast("dict[str, Registration[TaskSourceFactory]]", registrations(pm, "relayrl_sandbox_task_sources"))
 
 
 def open_backend(name: str | None = None, *, section: SandboxSection | None = None, pm: Any = None,
@@ -145,8 +127,8 @@ def open_backend(name: str | None = None, *, section: SandboxSection | None = No
     options.update(overrides)
     name = name or section.backend
     if name != AUTO:
-        return lookup(pm, "relayrl_sandbox_backends", name, kind="sandbox backend").factory(**options)
-    table = backends(pm)
+        return SANDBOX_BACKENDS.lookup(pm, name).factory(**options)
+    table = SANDBOX_BACKENDS.registrations(pm)
     order = sorted(table, key=lambda candidate: (candidate != "bwrap", candidate != "process", candidate))
     opened: list[SandboxBackend] = []
     refusals: list[SandboxUnavailable] = []

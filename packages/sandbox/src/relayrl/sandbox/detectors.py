@@ -321,9 +321,9 @@ BUILTIN: dict[str, Any] = {detector.name: detector for detector in (
 
 def run_detectors(context: DetectionContext, names: Iterable[str] | None = None, *, pm: Any = None) -> list[CheatingFlag]:
     """Run the named detectors (default: every registered one) and return all their flags."""
-    from relayrl.sandbox.config import exploit_detectors
+    from relayrl.sandbox.hookspecs import EXPLOIT_DETECTORS
 
-    table = exploit_detectors(pm)
+    table = EXPLOIT_DETECTORS.registrations(pm)
     selected = list(table) if names is None else list(names)
     flags: list[CheatingFlag] = []
     for name in selected:

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from relayrl.core.plugins import Registration, capabilities, hookspec
+from relayrl.core.plugins import Kind, Registration, capabilities, hookspec
 
 if TYPE_CHECKING:
     from relayrl.core.wire import CheatingFlag, TaskSpec
@@ -50,6 +50,12 @@ class TaskSourceFactory(Protocol):
     ``accepts(location) -> bool``."""
 
     def __call__(self, location: str | Path, /) -> Iterable[TaskSpec]: ...
+
+
+# The kinds this package defines, typed by their factory Protocol (relayrl.core.plugins.Kind).
+SANDBOX_BACKENDS: Kind[SandboxBackendFactory] = Kind("relayrl_sandbox_backends", "sandbox backend")
+EXPLOIT_DETECTORS: Kind[ExploitDetectorFactory] = Kind("relayrl_sandbox_exploit_detectors", "exploit detector")
+TASK_SOURCES: Kind[TaskSourceFactory] = Kind("relayrl_sandbox_task_sources", "task source")
 
 
 @hookspec

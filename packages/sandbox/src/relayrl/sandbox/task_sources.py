@@ -94,9 +94,9 @@ class DirectorySource:
 
 def load_tasks(location: str | Path, *, source: str | None = None, pm: Any = None) -> list[TaskSpec]:
     """All tasks at ``location``, through the named source or the first registered one that accepts it."""
-    from relayrl.sandbox.config import task_sources
+    from relayrl.sandbox.hookspecs import TASK_SOURCES
 
-    table = task_sources(pm)
+    table = TASK_SOURCES.registrations(pm)
     if source is not None:
         if source not in table:
             raise PluginError(f"unknown task source {source!r} (available: {', '.join(sorted(table))})")

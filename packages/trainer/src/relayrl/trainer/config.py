@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from relayrl.core.config import ConfigError, Section
 from relayrl.core.errors import PluginError
-from relayrl.core.plugins import lookup
+from relayrl.trainer.hookspecs import TRAINER_BACKENDS
 
 __all__ = ["TrainerSection", "WarmupSection"]
 
@@ -110,7 +110,7 @@ class TrainerSection(Section, kw_only=True):
             raise ConfigError(f"{path}.compute_dtype: the {self.backend!r} backend does not read it "
                               "(DeepSpeed: [deepspeed] bf16 = true); leave it empty")
         try:
-            record = lookup(pm, "relayrl_trainer_backends", self.backend, kind="trainer backend")
+            record = TRAINER_BACKENDS.lookup(pm, self.backend)
         except PluginError as exc:
             raise ConfigError(f"{path}.backend: {exc}") from None
         if self.ranks > 1 and "data-parallel" not in record.capabilities:

@@ -22,6 +22,7 @@ import torch
 
 from relayrl.algo.config import AlgoSection, build
 from relayrl.algo.correction import MismatchInputs
+from relayrl.algo.hookspecs import ADVANTAGE_ESTIMATORS, LOSSES, MISMATCH_CORRECTIONS
 from relayrl.algo.losses import LossInputs
 from relayrl.algo.monitors import behaviour_metrics
 from relayrl.algo.routing import RouterInfo, moe_routers, recorded_routing
@@ -51,11 +52,10 @@ class BatchObjective:
 
     def __init__(self, algo: AlgoSection, *, entropy_coef: float = 0.0, entropy_metric_tokens: int = 2048,
                  pm: Any = None) -> None:
-        self.advantage = build("relayrl_algo_advantage_estimators", "advantage estimator", algo.advantage,
-                               algo.advantage_options, pm=pm, path="algo.advantage")
-        self.loss = build("relayrl_algo_losses", "loss", algo.loss, algo.loss_options, pm=pm, path="algo.loss")
-        self.correction = build("relayrl_algo_mismatch_corrections", "mismatch correction", algo.correction,
-                                algo.correction_options, pm=pm, path="algo.correction")
+        self.advantage = build(ADVANTAGE_ESTIMATORS, algo.advantage, algo.advantage_options, pm=pm, path="algo.advantage")
+        self.loss = build(LOSSES, algo.loss, algo.loss_options, pm=pm, path="algo.loss")
+        self.correction = build(MISMATCH_CORRECTIONS, algo.correction, algo.correction_options, pm=pm,
+                                path="algo.correction")
         self.temperature = algo.sampling.temperature
         self.routing_replay = algo.routing_replay
         self._routers: tuple[int, list[RouterInfo]] | None = None

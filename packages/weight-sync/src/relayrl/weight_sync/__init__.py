@@ -11,7 +11,7 @@
 * :mod:`relayrl.weight_sync.codecs`: ``xor-zstd`` and friends; :func:`apply_retention`.
 """
 
-from relayrl.weight_sync.codecs import Codec, codec_registry, make_codec
+from relayrl.weight_sync.codecs import Codec, make_codec
 from relayrl.weight_sync.config import WeightSyncSection
 from relayrl.weight_sync.controller import ApplyReport, Controller, Plan, plan_route
 from relayrl.weight_sync.engine import EngineAdapter, PausableEngine, ShadowAdapter, StateDictAdapter, WeightLoader
@@ -31,5 +31,5 @@ __all__ = [
     "ApplyReport", "BitMismatch", "Codec", "ConcurrentWriter", "Controller", "CorruptManifest", "EngineAdapter", "MirrorReport", "NodeMirror",
     "PausableEngine", "Plan", "PublishReport", "Publisher", "ShadowAdapter", "StateDictAdapter", "VersionUnavailable",
     "WeightBus", "WeightLoader", "WeightSyncError",
-    "WeightSyncSection", "apply_retention", "codec_registry", "make_codec", "needed_versions", "plan_route",
+    "WeightSyncSection", "apply_retention", "make_codec", "needed_versions", "plan_route",
 ]

@@ -40,9 +40,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from relayrl.core.plugins import Registration, get_plugin_manager, registrations
+from relayrl.core.plugins import get_plugin_manager
 from relayrl.weight_sync.checksum import BLOCK_BYTES, block_hashes, digest, tensor_checksum
 from relayrl.weight_sync.errors import WeightSyncError
+from relayrl.weight_sync.hookspecs import CODECS
 from relayrl.weight_sync.parallel import ChunkPool, compressor, decompressor, scratch
 
 MAGIC = b"RWS1"
@@ -381,11 +382,6 @@ BUILTIN_CODECS: dict[str, tuple[Callable[..., Codec], str]] = {
 }
 
 
-def codec_registry(pm: Any = None) -> dict[str, Registration[Callable[..., Codec]]]:
-    """The ``relayrl_weight_sync_codecs`` registry: codec name -> Registration of its factory."""
-    return registrations(pm, "relayrl_weight_sync_codecs")
-
-
 def make_codec(name: str, *, pm: Any = None, **options: Any) -> Codec:
     """Build codec ``name`` from the registry (``options``: ``level``, ``chunk_bytes``, ``min_gain``).
 
@@ -396,7 +392,7 @@ def make_codec(name: str, *, pm: Any = None, **options: Any) -> Codec:
     if getattr(pm.hook, "relayrl_weight_sync_codecs", None) is None:
         factories = {key: factory for key, (factory, _) in BUILTIN_CODECS.items()}
     else:
-        factories = {key: record.factory for key, record in codec_registry(pm).items()}
+        factories = {key: record.factory for key, record in CODECS.registrations(pm).items()}
     if name not in factories:
         raise WeightSyncError(f"unknown weight codec {name!r} (available: {', '.join(sorted(factories))})")
     return factories[name](**options)

@@ -174,6 +174,7 @@ class MonitorTests:
         from relayrl.algo.monitors import Alarm
 
         monitor = make_monitor()
+        assert isinstance(monitor.name, str) and monitor.name, "a monitor's name keys its checkpointed state"
         for step, (metrics, texts) in enumerate(stream):
             new_metrics, alarms = monitor.observe(step, metrics, texts)
             assert all(isinstance(key, str) and math.isfinite(value) for key, value in new_metrics.items())

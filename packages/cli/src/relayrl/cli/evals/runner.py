@@ -31,8 +31,8 @@ import msgspec
 from relayrl.cli.evals.model import EvalModel, quiet_transformers
 from relayrl.core.config import Config, load_config
 from relayrl.core.errors import RelayrlError
-from relayrl.core.plugins import registrations
 from relayrl.core.wire import Group, TaskSpec
+from relayrl.rollout.hookspecs import ENVIRONMENTS
 
 __all__ = ["EvalOptions", "TaskSet", "resolve_tasks", "run_eval"]
 
@@ -78,7 +78,7 @@ def resolve_tasks(config: Config, spec: str, *, split: str = "auto", limit: int 
 
     if split not in SPLITS:
         raise RelayrlError(f"--split {split}: expected one of {', '.join(SPLITS)}")
-    environments = registrations(pm, "relayrl_rollout_environments")
+    environments = ENVIRONMENTS.registrations(pm)
     raw = json.loads(json.dumps(config.raw))  # a deep copy
     rollout = raw.setdefault("rollout", {})
     if spec in environments:

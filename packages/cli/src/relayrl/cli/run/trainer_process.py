@@ -41,7 +41,7 @@ from relayrl.cli.run.layout import RunLayout
 from relayrl.cli.run.lease import EXIT_FENCED, LeaseLost, check_fence
 from relayrl.cli.run.ledger import LedgerWriter
 from relayrl.core.config import Config
-from relayrl.core.plugins import get_plugin_manager, lookup
+from relayrl.core.plugins import get_plugin_manager
 from relayrl.core.store import open_store
 from relayrl.fault_tolerance.checkpoint import AsyncCheckpointer
 from relayrl.fault_tolerance.faults import maybe_kill
@@ -49,6 +49,7 @@ from relayrl.fault_tolerance.recovery import recover
 from relayrl.rollout.config import build_environment
 from relayrl.rollout.models import load_model, load_tokenizer, make_chat_format, materialize_model
 from relayrl.trainer.elastic import ElasticRanks
+from relayrl.trainer.hookspecs import TRAINER_BACKENDS
 from relayrl.trainer.loop import LoopHooks, TrainingLoop
 from relayrl.trainer.metrics import MetricsWriter
 from relayrl.trainer.ranked_loop import RankedLoop, RankHooks
@@ -124,7 +125,7 @@ class TrainerProcess:
             self.fleet = FleetMetrics(self.bus)
 
     def _new_trainer(self, version: int) -> Any:
-        factory = lookup(self.pm, "relayrl_trainer_backends", self.config.trainer.backend, kind="trainer backend").factory
+        factory = TRAINER_BACKENDS.lookup(self.pm, self.config.trainer.backend).factory
         return factory(self.model, algo=self.config.algo, config=self.config.trainer, version=version, pm=self.pm,
                        run_config=self.config)
 

@@ -16,20 +16,19 @@ Example::
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import fsspec
+import pluggy
 
 from relayrl.core.errors import StoreError
-from relayrl.core.plugins import Registration, registrations
 from relayrl.core.store.backends import FsspecStore, LocalStore, MemoryStore, S3Store
 from relayrl.core.store.base import ObjectInfo, Store, validate_key
 from relayrl.core.store.retry import RetryPolicy, is_transient
 
 __all__ = [
     "FsspecStore", "LocalStore", "MemoryStore", "ObjectInfo", "RetryPolicy", "S3Store", "Store",
-    "is_transient", "open_store", "store_backends", "url_scheme", "validate_key",
+    "is_transient", "open_store", "url_scheme", "validate_key",
 ]
 
 
@@ -38,19 +37,16 @@ def url_scheme(url: str) -> str:
     return url.split("://", 1)[0] if "://" in url else "file"
 
 
-def store_backends(pm: Any = None) -> dict[str, Registration[Callable[..., Store]]]:
-    """The ``relayrl_core_stores`` registry: URL scheme -> Registration of a store factory."""
-    return registrations(pm, "relayrl_core_stores")
-
-
-def open_store(url: str, *, pm: Any = None, **options: Any) -> Store:
+def open_store(url: str, *, pm: pluggy.PluginManager | None = None, **options: Any) -> Store:
     """Open the store at ``url`` with the backend registered for its scheme.
 
     ``options`` are passed to the backend factory (e.g. ``endpoint_url`` for S3). Raises
     :class:`~relayrl.core.errors.StoreError` naming the URL when no backend handles the scheme.
     """
     scheme = url_scheme(url)
-    backends = store_backends(pm)
+    from relayrl.core.hookspecs import STORES
+
+    backends = STORES.registrations(pm)
     if scheme in backends:
         return backends[scheme].factory(url, **options)
     if scheme in fsspec.available_protocols():

@@ -22,6 +22,7 @@ from typing import Any
 
 import fsspec
 
+from relayrl.core.config import Section
 from relayrl.core.errors import ObjectExists, StoreError
 from relayrl.core.store.base import TEMP_MARKER, Buffer, Store
 from relayrl.core.store.retry import RetryPolicy
@@ -79,6 +80,34 @@ class FsspecStore(Store):
         return bool(self.fs.exists(path))
 
 
+class S3Config(Section):
+    """``[store.options]`` of an ``s3://`` bus: what :meth:`S3Store.from_url` takes from a config file.
+
+    Credentials belong in the environment (``AWS_ACCESS_KEY_ID``, a profile, an instance role), not
+    in a config file that is copied into every run directory; ``key``/``secret``/``token`` exist for
+    servers that need them explicitly.
+    """
+
+    endpoint_url: str | None = None
+    """The S3 endpoint (an S3-compatible server); None: ``AWS_ENDPOINT_URL``, else AWS's."""
+    conditional_put: bool = True
+    """Create-if-absent with ``If-None-Match: *``; false for servers without it (put-then-verify, weaker)."""
+    anon: bool = False
+    """Unsigned requests (a public bucket)."""
+    profile: str | None = None
+    """A named profile of the AWS config files."""
+    key: str | None = None
+    secret: str | None = None
+    token: str | None = None
+    requester_pays: bool = False
+    client_kwargs: dict[str, Any] = {}
+    """More arguments of the botocore client (``region_name``, ``verify``)."""
+    config_kwargs: dict[str, Any] = {}
+    """Arguments of ``botocore.config.Config`` (``retries``, ``max_pool_connections``)."""
+    s3_additional_kwargs: dict[str, Any] = {}
+    """Arguments added to every S3 request (``ServerSideEncryption``)."""
+
+
 class S3Store(FsspecStore):
     """Amazon S3 and S3-compatible servers through s3fs.
 
@@ -133,6 +162,14 @@ class MemoryStore(FsspecStore):
             self.fs.pipe_file(path, data)
 
 
+class LocalStoreConfig(Section):
+    """``[store.options]`` of a directory bus (``file://``, a path, or the run directory itself)."""
+
+    fsync: bool = True
+    """fsync every object and its directory before it counts as written; false trades durability
+    across a power cut for speed (a killed process still never leaves a partial object)."""
+
+
 class LocalStore(Store):
     """A directory on a local (or shared POSIX) filesystem: temp file, fsync, rename/link."""
 
@@ -144,9 +181,9 @@ class LocalStore(Store):
         self.fsync = fsync
 
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> LocalStore:
+    def from_url(cls, url: str, *, fsync: bool = True, retry: RetryPolicy | None = None) -> LocalStore:
         """Open ``file:///abs/dir`` or a plain path. ``fsync=False`` trades durability for speed."""
-        return cls(url if "://" in url else f"file://{os.path.abspath(url)}", **options)
+        return cls(url if "://" in url else f"file://{os.path.abspath(url)}", retry=retry, fsync=fsync)
 
     def _write(self, path: str, chunks: Sequence[Buffer], *, if_absent: bool) -> None:
         directory, name = os.path.split(path)

@@ -203,12 +203,15 @@ async def _register_with_router(args: argparse.Namespace, engine: InferenceEngin
     """For routers whose engines register themselves (the ``discovery`` capability, e.g. Dynamo)."""
     if not args.router:
         return None
-    from relayrl.core.plugins import get_plugin_manager, lookup
+    from relayrl.core.config import resolve_plugin_keywords
+    from relayrl.core.plugins import get_plugin_manager
+    from relayrl.rollout.hookspecs import ROUTERS
 
-    record = lookup(get_plugin_manager(), "relayrl_rollout_routers", args.router, kind="router")
+    record, options = resolve_plugin_keywords(get_plugin_manager(), ROUTERS, args.router, json.loads(args.router_options),
+                                              path="rollout.router")
     if "discovery" not in record.capabilities:
         return None
-    return await record.factory.serve_engine(engine, deployment=args.deployment, **json.loads(args.router_options))
+    return await record.factory.serve_engine(engine, deployment=args.deployment, **options)
 
 
 async def _serve(args: argparse.Namespace) -> None:

@@ -63,9 +63,9 @@ class TaskSourceTests:
 
     @pytest.fixture
     def record(self):
-        from relayrl.sandbox.config import task_sources
+        from relayrl.sandbox.hookspecs import TASK_SOURCES
 
-        table = task_sources()
+        table = TASK_SOURCES.registrations()
         assert self.name in table, f"{self.name!r} is not a registered task source ({sorted(table)})"
         return table[self.name]
 
