@@ -10,6 +10,7 @@ import torch
 
 from relayrl.algo.correction import CorrectionResult, MismatchInputs, mismatch_metrics
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 
 
 class SoftCap:
@@ -18,7 +19,7 @@ class SoftCap:
     class Config(Section, kw_only=True):
         cap: float = 2.0
 
-        def check(self, pm: object, path: str) -> None:
+        def check(self, pm: PluginManager | None, path: str) -> None:
             if self.cap <= 0:
                 raise ConfigError(f"{path}.cap: must be > 0, got {self.cap}")
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from relayrl.algo.config import AlgoSection
 from relayrl.algo.optim import partition_parameters
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import Group
 from relayrl.trainer.batch import split_by_token_budget
 from relayrl.trainer.config import TrainerSection
@@ -97,7 +98,7 @@ class DeepSpeedTrainer:
     """Trainer backend ``deepspeed`` (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, *, algo: AlgoSection | None = None, config: TrainerSection | None = None,
-                 version: int = 0, deepspeed: DeepSpeedSection | None = None, pm: Any = None) -> None:
+                 version: int = 0, deepspeed: DeepSpeedSection | None = None, pm: PluginManager | None = None) -> None:
         import deepspeed as ds_lib
 
         self.algo = algo or AlgoSection()

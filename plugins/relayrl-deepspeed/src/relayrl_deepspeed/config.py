@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 
 
 class DeepSpeedSection(Section, kw_only=True):
@@ -21,11 +22,11 @@ class DeepSpeedSection(Section, kw_only=True):
     dist_backend: Literal["auto", "gloo", "nccl"] = "auto"
     """torch.distributed backend; auto = nccl with CUDA, gloo otherwise."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         if self.zero_stage not in (1, 2, 3):
             raise ConfigError(f"{path}.zero_stage: must be 1, 2 or 3, got {self.zero_stage}")
 
-    def check_with(self, config: Any, pm: Any, path: str) -> None:
+    def check_with(self, config: Any, pm: PluginManager | None, path: str) -> None:
         # Weight sync is bit-exact: engines serve model.dtype and accept only that, so a bf16 trainer can
         # only publish to engines serving bf16.
         trainer, model = getattr(config, "trainer", None), getattr(config, "model", None)

@@ -6,6 +6,7 @@ import torch
 
 from relayrl.algo.losses import Aggregation, ConfiguredLoss, LossInputs, LossOutput, aggregate
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 
 
 class DualClipPPO(ConfiguredLoss):
@@ -19,7 +20,7 @@ class DualClipPPO(ConfiguredLoss):
         aggregation: Aggregation = "token-mean"
         normalizer: float | None = None
 
-        def check(self, pm: object, path: str) -> None:
+        def check(self, pm: PluginManager | None, path: str) -> None:
             if self.clip_ratio_c <= 1.0:
                 raise ConfigError(f"{path}.clip_ratio_c: must be > 1, got {self.clip_ratio_c}")
 

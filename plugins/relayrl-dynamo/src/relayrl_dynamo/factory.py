@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 from relayrl.rollout.protocol import InferenceEngine
 from relayrl_dynamo.runtime import DynamoSettings
 
@@ -51,7 +52,7 @@ class DynamoRouterConfig(Section):
     host: str = "127.0.0.1"
     """The address this process's TCP request plane advertises."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         if self.retries < 0 or self.down_for_s < 0 or self.start_timeout_s <= 0:
             raise ConfigError(f"{path}: retries and down_for_s must be at least 0 and start_timeout_s above 0")
         if not self.namespace:

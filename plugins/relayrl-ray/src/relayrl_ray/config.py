@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 
 __all__ = ["RayLauncherOptions", "RoleResources"]
 
@@ -22,7 +23,7 @@ class RoleResources(Section, kw_only=True):
     """Custom resources: a label a node was started with (``ray start --resources='{"rollout": 4}'``)
     pins the role to such nodes."""
 
-    def check(self, pm: object, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         for key, value in (("num_cpus", self.num_cpus), ("num_gpus", self.num_gpus),
                            *((f"resources.{name}", amount) for name, amount in self.resources.items())):
             if not value >= 0:
@@ -47,7 +48,7 @@ class RayLauncherOptions(Section, kw_only=True):
     """Prefixes of the launcher's environment variables every process also gets (the rest of its
     environment is the Ray worker's on that node)."""
 
-    def check(self, pm: object, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         for role, resources in self.roles.items():
             if role not in ROLES:
                 raise ConfigError(f"{path}.roles.{role}: not a role (roles: {', '.join(ROLES)})")

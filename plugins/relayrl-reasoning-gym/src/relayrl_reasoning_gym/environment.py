@@ -30,6 +30,7 @@ import msgspec
 
 from relayrl.core.config import Section
 from relayrl.core.errors import ConfigError, RelayrlError
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import CheatingFlag, TaskSpec, Trajectory
 from relayrl.rollout.environment import Environment
 
@@ -87,7 +88,7 @@ class ReasoningGymConfig(Section, kw_only=True):
     answer_timeout_s: float = 10.0
     """Scoring one answer may take this long; past it the answer earns 0 (flag ``scorer-timeout``)."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         if bool(self.dataset) == bool(self.mix):
             raise ConfigError(f"{path}: set exactly one of dataset (one reasoning-gym dataset) or mix (several)")
         if self.dataset:
@@ -171,7 +172,7 @@ class ReasoningGymEnvironment(Environment):
 
     Config = ReasoningGymConfig
 
-    def __init__(self, config: ReasoningGymConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
+    def __init__(self, config: ReasoningGymConfig | None = None, *, sandbox: Any = None, pm: PluginManager | None = None) -> None:
         from relayrl_reasoning_gym.grading import ScorerGrader
         from relayrl_reasoning_gym.interpreter import resolve_python
 

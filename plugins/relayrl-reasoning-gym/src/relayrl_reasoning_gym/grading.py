@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 
 from relayrl.core.errors import RelayrlError
+from relayrl.core.plugins import PluginManager
 from relayrl.environments.batch_grading import BatchedSandboxGrader
 
 __all__ = ["HASH_SEED", "ScoreResult", "ScorerGrader", "generate_entries", "scorer_source"]
@@ -67,7 +68,7 @@ class ScorerGrader(BatchedSandboxGrader):
     """
 
     def __init__(self, *, python: Any, answer_format: str, tag: str, timeout_s: float, sandbox: Any = None,
-                 pm: Any = None, window_s: float = 0.05) -> None:
+                 pm: PluginManager | None = None, window_s: float = 0.05) -> None:
         super().__init__("", name="reasoning-gym", sandbox=sandbox, pm=pm, window_s=window_s)
         self._resolve_python = python
         self._python: str | None = None

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from relayrl.core.config import Section
 from relayrl.core.errors import ConfigError
-from relayrl.core.plugins import Registration, hookimpl
+from relayrl.core.plugins import PluginManager, Registration, hookimpl
 
 if TYPE_CHECKING:
     from relayrl.rollout.hookspecs import EngineFactory
@@ -30,7 +30,7 @@ class VllmEngineConfig(Section, frozen=True):  # frozen as Section is (stated fo
     engine_args: dict[str, Any] = {}
     """More ``vllm.AsyncEngineArgs`` fields, passed as given (they override the defaults chosen here)."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ConfigError(f"{path}.max_model_len: must be at least 1, got {self.max_model_len}")
         if self.start_timeout_s <= 0:

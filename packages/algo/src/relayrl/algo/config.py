@@ -46,7 +46,7 @@ class SamplingSection(Section, frozen=True):
     max_kept: int = 1024
     """Cap on a kept-set's size (0: no cap); see docs/algorithms.md for the bias bound."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         if not self.temperature > 0:
             raise ConfigError(f"{path}.temperature: must be > 0 for RL rollouts (greedy sampling has no gradient)")
         if not 0 < self.top_p <= 1:
@@ -91,7 +91,7 @@ class AlgoSection(Section, frozen=True):
     trainer recomputes logprobs with that routing forced (gates recomputed over the recorded experts).
     Off, the routing is still recorded and its agreement with the trainer's reported (``routing/*``)."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         self.sampling.check(pm, f"{path}.sampling")
         self.optimizer.check(pm, f"{path}.optimizer")
         build(ADVANTAGE_ESTIMATORS, self.advantage, self.advantage_options, pm=pm, path=f"{path}.advantage")
@@ -112,7 +112,7 @@ def build(kind: Kind[Any], name: str, options: dict[str, Any] | None = None, *,
     return record.factory(config) if record.config is not None else record.factory()
 
 
-def build_reward_shapers(section: AlgoSection, *, pm: Any = None, path: str = "algo") -> list[Any]:
+def build_reward_shapers(section: AlgoSection, *, pm: PluginManager | None = None, path: str = "algo") -> list[Any]:
     """The configured reward shapers, in file order."""
     shapers = []
     for name, options in section.reward_shapers.items():
@@ -122,7 +122,7 @@ def build_reward_shapers(section: AlgoSection, *, pm: Any = None, path: str = "a
     return shapers
 
 
-def build_monitors(section: AlgoSection, *, pm: Any = None, path: str = "algo") -> MonitorSet:
+def build_monitors(section: AlgoSection, *, pm: PluginManager | None = None, path: str = "algo") -> MonitorSet:
     """The enabled monitors as one :class:`MonitorSet`."""
     built = []
     for name in section.monitors.enabled:

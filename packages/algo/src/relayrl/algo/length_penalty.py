@@ -23,6 +23,7 @@ from typing import Literal
 import msgspec
 
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import Group, Trajectory
 
 __all__ = ["AlternatingLengthPenalty", "Phase"]
@@ -53,7 +54,7 @@ class AlternatingLengthPenalty:
         """A penalised success keeps at least this reward (set it above your failure reward)."""
         apply_to_failures: bool = False
 
-        def check(self, pm: object, path: str) -> None:
+        def check(self, pm: PluginManager | None, path: str) -> None:
             if not self.schedule or any(phase.steps <= 0 for phase in self.schedule):
                 raise ConfigError(f"{path}.schedule: needs at least one phase, each with steps > 0")
             if self.budget <= 0:

@@ -26,6 +26,7 @@ import msgspec
 import torch
 
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 
 __all__ = [
     "CombinedOptimizer",
@@ -66,7 +67,7 @@ class OptimizerSection(Section, kw_only=True):
     adamw_patterns: list[str] = msgspec.field(default_factory=lambda: list(DEFAULT_ADAMW_PATTERNS))
     """Parameter names matching any of these regular expressions use AdamW even when 2-D."""
 
-    def check(self, pm: object, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         for key in ("lr", "muon_lr"):
             check_learning_rate(getattr(self, key), f"{path}.{key}")
 

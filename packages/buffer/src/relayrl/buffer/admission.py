@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from relayrl.buffer.config import BufferSection
 from relayrl.buffer.groups import PendingGroup
 from relayrl.buffer.hookspecs import ADMISSION_POLICIES
+from relayrl.core.plugins import PluginManager
 
 if TYPE_CHECKING:
     pass
@@ -127,7 +128,7 @@ class AdmissionChain:
         return Admission(weight=weight, weight_reason="+".join(reasons))
 
 
-def build_admission(config: BufferSection, pm: Any = None) -> AdmissionChain:
+def build_admission(config: BufferSection, pm: PluginManager | None = None) -> AdmissionChain:
     """The chain of policies ``config.admission`` names, built from the registry."""
     chain = []
     for name in config.admission:

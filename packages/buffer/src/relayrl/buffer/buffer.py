@@ -27,6 +27,7 @@ from relayrl.buffer.restart import shortfall, stratified_order, stratum_of, upda
 from relayrl.buffer.segments import GroupRef, parse_segment_key
 from relayrl.core import codec, wire
 from relayrl.core.errors import WireError
+from relayrl.core.plugins import PluginManager
 from relayrl.core.store import Store
 
 
@@ -40,7 +41,7 @@ class Buffer:
     """
 
     def __init__(self, store: Store, config: BufferSection | None = None, *, admission: AdmissionChain | None = None,
-                 pm: Any = None, clock: Callable[[], float] = time.time) -> None:
+                 pm: PluginManager | None = None, clock: Callable[[], float] = time.time) -> None:
         self.store = store
         self.config = config or BufferSection()
         self.prefix = self.config.prefix.strip("/")

@@ -34,6 +34,7 @@ from relayrl.buffer.config import PromptsSection
 from relayrl.buffer.hookspecs import PROMPT_SCHEDULERS
 from relayrl.core import wire
 from relayrl.core.errors import WireError
+from relayrl.core.plugins import PluginManager
 
 if TYPE_CHECKING:
     pass
@@ -204,7 +205,7 @@ class PromptScheduler:
 
 
 def create_prompt_scheduler(tasks: Sequence[Any], config: PromptsSection | None = None, *, seed: int = 0,
-                            pm: Any = None) -> Any:
+                            pm: PluginManager | None = None) -> Any:
     """The scheduler ``config.scheduler`` names, built from the registry."""
     config = config or PromptsSection()
     record = PROMPT_SCHEDULERS.lookup(pm, config.scheduler)

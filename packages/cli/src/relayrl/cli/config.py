@@ -7,6 +7,7 @@ from typing import Any
 import msgspec
 
 from relayrl.core.config import Section, resolve_plugin
+from relayrl.core.plugins import PluginManager
 
 __all__ = ["LauncherSection"]
 
@@ -24,7 +25,7 @@ class LauncherSection(Section, kw_only=True):
     """The backend's own options, decoded into the struct its registration declares (errors name
     ``launcher.options.<key>``)."""
 
-    def check(self, pm: object, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         from relayrl.cli.hookspecs import LAUNCHERS
 
         resolve_plugin(pm, LAUNCHERS, self.backend, self.options, path=f"{path}.backend", options_path=f"{path}.options")

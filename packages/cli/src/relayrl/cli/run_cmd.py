@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from relayrl.core.plugins import PluginManager
+
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -171,7 +173,7 @@ def _shown(value: Any) -> str:
     return "it unset" if value is _ABSENT else repr(value)
 
 
-def _launcher_backend(config: Any, pm: Any, run_dir: Path) -> Any:
+def _launcher_backend(config: Any, pm: PluginManager | None, run_dir: Path) -> Any:
     """The ``[launcher]`` backend, built (a cluster launcher connects to its cluster here)."""
     from relayrl.cli.hookspecs import LAUNCHERS
     from relayrl.core.config import resolve_plugin
@@ -182,7 +184,7 @@ def _launcher_backend(config: Any, pm: Any, run_dir: Path) -> Any:
     return record.factory(options=options, world=config.trainer.ranks, run_dir=run_dir)
 
 
-def _preflight(config: Any, pm: Any) -> None:
+def _preflight(config: Any, pm: PluginManager | None) -> None:
     """Fail before anything starts: no model, or a sandbox this host cannot provide."""
     from relayrl.core.config import ConfigError
 

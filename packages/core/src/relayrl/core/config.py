@@ -32,10 +32,9 @@ from typing import Any, TypeVar
 
 import msgspec
 import msgspec.inspect as mi
-import pluggy
 
 from relayrl.core.errors import ConfigError, PluginError
-from relayrl.core.plugins import F, Kind, Registration
+from relayrl.core.plugins import F, Kind, PluginManager, Registration
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,10 +56,10 @@ class Section(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=T
     at ``relayrl config check`` rather than minutes into a run.
     """
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         """Validate what plain decoding cannot (plugin names, cross-field rules); raise ConfigError."""
 
-    def check_with(self, config: Config, pm: Any, path: str) -> None:
+    def check_with(self, config: Config, pm: PluginManager | None, path: str) -> None:
         """Validate rules that span sections, once every section is decoded; raise ConfigError.
 
         ``config`` holds every section (defaults included). A plugin's section states here what it
@@ -82,7 +81,7 @@ class RunSection(Section, frozen=True):
     """One launcher per run: a launcher on another host whose lease heartbeat is older than this is
     taken for dead (one on this host is checked directly); the heartbeat runs every ``lease_ttl_s / 6``."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         if not self.lease_ttl_s > 0 or self.lease_ttl_s == float("inf"):
             raise ConfigError(f"{path}.lease_ttl_s: must be a finite number of seconds > 0, got {self.lease_ttl_s}")
         # The default run directory is runs/<name>: a name that is empty or walks out of runs/ is refused.
@@ -100,7 +99,7 @@ class StoreSection(Section, frozen=True):
     (``endpoint_url`` for ``s3``, ``fsync`` for a directory): a key it does not declare is an error.
     A scheme no plugin registers (``gs://`` through fsspec) passes them to fsspec's filesystem unchecked."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         # Checked here, not when a process first opens it (then contacting whatever host the URL names).
         import fsspec
 
@@ -192,7 +191,7 @@ def convert(data: Any, type_: type[S], *, path: str = "") -> S:
         raise ConfigError(message) from None
 
 
-def resolve_plugin(pm: pluggy.PluginManager | None, kind: Kind[F], name: str, options: Mapping[str, Any] | None, *,
+def resolve_plugin(pm: PluginManager | None, kind: Kind[F], name: str, options: Mapping[str, Any] | None, *,
                    path: str, options_path: str | None = None) -> tuple[Registration[F], Any]:
     """Look plugin ``name`` up in a registry and decode its options: ``(registration, config)``.
 
@@ -218,7 +217,7 @@ def resolve_plugin(pm: pluggy.PluginManager | None, kind: Kind[F], name: str, op
     return record, config
 
 
-def resolve_plugin_keywords(pm: pluggy.PluginManager | None, kind: Kind[F], name: str, options: Mapping[str, Any] | None,
+def resolve_plugin_keywords(pm: PluginManager | None, kind: Kind[F], name: str, options: Mapping[str, Any] | None,
                             *, path: str, options_path: str | None = None) -> tuple[Registration[F], dict[str, Any]]:
     """:func:`resolve_plugin` for the kinds whose factories take their options as keywords (stores,
     engines, routers): ``(registration, keywords)``.
@@ -233,7 +232,7 @@ def resolve_plugin_keywords(pm: pluggy.PluginManager | None, kind: Kind[F], name
     return record, keywords
 
 
-def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[str] = (), pm: Any = None) -> Config:
+def load_config(source: str | Path | Mapping[str, Any], *, overrides: Iterable[str] = (), pm: PluginManager | None = None) -> Config:
     """Read and validate a run config from a TOML file (or an already-parsed mapping).
 
     Every top-level table must be a section some installed package registers; each is decoded

@@ -16,13 +16,15 @@ import asyncio
 import json
 from typing import Any
 
+from relayrl.core.plugins import PluginManager
+
 __all__ = ["BatchedSandboxGrader"]
 
 
 class BatchedSandboxGrader:
     """Rewards from ``script`` run in a fresh sandbox, one command per window of answers."""
 
-    def __init__(self, script: str, *, name: str, sandbox: Any = None, pm: Any = None, window_s: float = 0.02,
+    def __init__(self, script: str, *, name: str, sandbox: Any = None, pm: PluginManager | None = None, window_s: float = 0.02,
                  timeout_s: float = 30.0) -> None:
         self.script = script
         self.name = name

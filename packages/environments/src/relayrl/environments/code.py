@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from relayrl.core.config import Section
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import TaskSpec, Trajectory
 from relayrl.rollout.environment import Environment
 
@@ -50,7 +51,7 @@ character of a call's arguments."""
 class SandboxEnvironment(Environment):
     """Per-trajectory tool sandboxes and the isolated grader of one sandbox backend."""
 
-    def __init__(self, backend: Any = None, *, section: Any = None, pm: Any = None) -> None:
+    def __init__(self, backend: Any = None, *, section: Any = None, pm: PluginManager | None = None) -> None:
         from relayrl.sandbox import Grader, SandboxSection, open_backend
 
         self.section = section or SandboxSection()
@@ -101,7 +102,7 @@ class CodeEnvironment(SandboxEnvironment):
     alphabet = ALPHABET
     specials = SPECIALS
 
-    def __init__(self, config: CodeEnvironmentConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
+    def __init__(self, config: CodeEnvironmentConfig | None = None, *, sandbox: Any = None, pm: PluginManager | None = None) -> None:
         super().__init__(section=sandbox, pm=pm)
         self.config = config or CodeEnvironmentConfig()
 

@@ -49,6 +49,7 @@ from typing import Any
 import msgspec
 
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import TaskSpec, Trajectory
 from relayrl.rollout.demonstrations import asked_to_compact, play_expert
 from relayrl.rollout.environment import Environment
@@ -268,7 +269,7 @@ class CodeSearchConfig(Section, kw_only=True):
     one turn wait concurrently). For measuring what asynchrony gains under realistic tool latency
     (``benchmarks/async_vs_sync.py --workload agent``); empty: none."""
 
-    def check(self, pm: object, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         latency = self.tool_latency_s
         if latency and (len(latency) != 2 or not 0 < latency[0] <= latency[1] < float("inf")):
             raise ConfigError(f"{path}.tool_latency_s: must be [min, max] seconds with 0 < min <= max, got {latency}")
@@ -328,7 +329,7 @@ class CodeSearchEnvironment(Environment):
     alphabet = ALPHABET
     specials = SPECIALS
 
-    def __init__(self, config: CodeSearchConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
+    def __init__(self, config: CodeSearchConfig | None = None, *, sandbox: Any = None, pm: PluginManager | None = None) -> None:
         from relayrl.environments.batch_grading import BatchedSandboxGrader
 
         self.config = config or CodeSearchConfig()

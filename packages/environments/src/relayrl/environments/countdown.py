@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from relayrl.core.config import Section
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import TaskSpec, Trajectory
 from relayrl.rollout.environment import Environment, final_text, no_tools, with_rewards
 
@@ -121,7 +122,7 @@ class CountdownEnvironment(Environment):
     Config = CountdownConfig
     alphabet = ALPHABET
 
-    def __init__(self, config: CountdownConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
+    def __init__(self, config: CountdownConfig | None = None, *, sandbox: Any = None, pm: PluginManager | None = None) -> None:
         from relayrl.environments.batch_grading import BatchedSandboxGrader
 
         self.config = config or CountdownConfig()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from relayrl.core.config import Section
 from relayrl.core.errors import ConfigError
-from relayrl.core.plugins import Registration, RelayrlPluginManager, hookimpl
+from relayrl.core.plugins import PluginManager, Registration, RelayrlPluginManager, hookimpl
 
 if TYPE_CHECKING:
     from relayrl.rollout.hookspecs import EngineFactory, HarnessFactory, RouterFactory
@@ -38,7 +38,7 @@ class TorchEngineConfig(Section, frozen=True):  # frozen as Section is (stated f
     share_prefill: bool = True
     """A group's samples share one prefill of their common prompt (see docs/rollout.md)."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         if self.stream_interval_s < 0:
             raise ConfigError(f"{path}.stream_interval_s: must be at least 0, got {self.stream_interval_s}")
 

@@ -33,6 +33,7 @@ import msgspec
 
 from relayrl.core.arrays import pack_u32
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import TaskSpec, Timings, ToolCall, ToolResult, Trajectory, TrajectorySegment, Turn
 from relayrl.rollout.chat import ChatFormat, MalformedCall, format_tool_result, parse_tool_calls
 from relayrl.rollout.protocol import GenerateRequest, SamplingParams
@@ -88,7 +89,7 @@ class AgentConfig(Section, kw_only=True):
     either way. Off, a trajectory's tokens depend on the tools' outputs alone, so demonstrations and
     their warm-up are the same from run to run."""
 
-    def check(self, pm: object, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         # A zero budget would leave every trajectory waiting on an engine that may generate nothing.
         _at_least_one(self, ("max_turns", "max_total_tokens", "max_tokens_per_turn", "context_limit",
                              "summary_max_tokens", "max_tool_calls_per_turn"), path)
@@ -259,7 +260,7 @@ class SingleTurn:
         max_tokens: int = 256
         system_prompt: str = ""
 
-        def check(self, pm: object, path: str) -> None:
+        def check(self, pm: PluginManager | None, path: str) -> None:
             _at_least_one(self, ("max_tokens",), path)
 
     def __init__(self, config: SingleTurn.Config | None = None) -> None:

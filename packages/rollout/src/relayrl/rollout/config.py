@@ -42,7 +42,7 @@ class ModelSection(Section, frozen=True):
         """Whether the section names a model at all (``relayrl run`` requires it)."""
         return bool(self.path or self.init)
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         if self.path and self.init:
             raise ConfigError(f"{path}: set either path or init, not both")
         if self.path and not (Path(self.path).expanduser() / "config.json").is_file():
@@ -117,7 +117,7 @@ class RolloutSection(Section, frozen=True):
     watched from its first sign on. Keep it above the slowest trainer step. 0 turns it off."""
     start_timeout_s: float = 300.0
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         # relayrl-rollout ships no environment (relayrl-environments and plugins do). A process with none
         # installed (a trainer-only library install loading a run's config) does not judge the name: it
         # cannot build one either, and build_environment says so if it is asked to. With any installed,
@@ -178,7 +178,7 @@ class EvalSection(Section, frozen=True):
     def ks(self) -> list[int]:
         return sorted(set(self.k)) if self.k else sorted({1, self.samples})
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         for key in ("every_steps", "tasks"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{path}.{key}: must be at least 0")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import TaskSpec, Trajectory
 
 if TYPE_CHECKING:
@@ -77,7 +78,7 @@ class EnvironmentFactory(Protocol):
     """Builds an :class:`Environment` from its declared config, the run's ``[sandbox]`` section and the
     plugin manager."""
 
-    def __call__(self, config: Any, /, *, sandbox: Any = ..., pm: Any = ...) -> Environment: ...
+    def __call__(self, config: Any, /, *, sandbox: Any = ..., pm: PluginManager | None = ...) -> Environment: ...
 
 
 @contextlib.asynccontextmanager

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import msgspec
 
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import GeneratedSpan
 from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, StreamEvent, collect_span
 
@@ -40,7 +41,7 @@ class RouterConfig(Section):
     down_for_s: float = 2.0
     """How long an engine that failed is skipped before a health check may bring it back."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         if self.retries < 0 or self.down_for_s < 0:
             raise ConfigError(f"{path}: retries and down_for_s must be at least 0 (got {self.retries}, {self.down_for_s})")
 

@@ -25,6 +25,7 @@ import msgspec
 
 from relayrl.core.config import Section
 from relayrl.core.errors import ConfigError, PluginError
+from relayrl.core.plugins import PluginManager
 from relayrl.sandbox.api import CAPABILITIES, Limits, SandboxBackend, SandboxUnavailable
 from relayrl.sandbox.hookspecs import EXPLOIT_DETECTORS, SANDBOX_BACKENDS
 
@@ -83,7 +84,7 @@ class SandboxSection(Section, frozen=True):
     grading_timeout_s: float = 120.0
     """Timeout of one answer's grading command (clamped by the grading backend's ``limits.wall_time_s``)."""
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         try:
             if self.backend != AUTO:
                 SANDBOX_BACKENDS.lookup(pm, self.backend)
@@ -113,7 +114,7 @@ class SandboxSection(Section, frozen=True):
                 raise ConfigError(f"{path}.limits.{field.name}: must be >= 0")
 
 
-def open_backend(name: str | None = None, *, section: SandboxSection | None = None, pm: Any = None,
+def open_backend(name: str | None = None, *, section: SandboxSection | None = None, pm: PluginManager | None = None,
                  **overrides: Any) -> SandboxBackend:
     """Build backend ``name`` (default: the section's) with the section's limits and requirements.
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import msgspec
 
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import CheatingFlag, TaskSpec, ToolCall, ToolResult, Trajectory
 from relayrl.sandbox.workspace import matches_any
 
@@ -319,7 +320,7 @@ BUILTIN: dict[str, Any] = {detector.name: detector for detector in (
     TestEdits, HistoryAccess, NetworkAttempts, OutsideWrites, RunnerTampering, LiteralSpecialCasing)}
 
 
-def run_detectors(context: DetectionContext, names: Iterable[str] | None = None, *, pm: Any = None) -> list[CheatingFlag]:
+def run_detectors(context: DetectionContext, names: Iterable[str] | None = None, *, pm: PluginManager | None = None) -> list[CheatingFlag]:
     """Run the named detectors (default: every registered one) and return all their flags."""
     from relayrl.sandbox.hookspecs import EXPLOIT_DETECTORS
 

@@ -48,6 +48,7 @@ from typing import Any
 
 import msgspec
 
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import CheatingFlag, TaskSpec, Trajectory
 from relayrl.sandbox.api import ExecResult, SandboxBackend, SandboxError
 from relayrl.sandbox.config import SandboxSection
@@ -133,7 +134,7 @@ class GradeReport:
 class Grader:
     """Grades answers (diffs) to tasks in sandboxes of ``backend``; see the module docstring."""
 
-    def __init__(self, backend: SandboxBackend, *, section: SandboxSection | None = None, pm: Any = None) -> None:
+    def __init__(self, backend: SandboxBackend, *, section: SandboxSection | None = None, pm: PluginManager | None = None) -> None:
         self.backend = backend
         self.section = section or SandboxSection()
         self.pm = pm

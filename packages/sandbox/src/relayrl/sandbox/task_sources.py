@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from relayrl.core.errors import PluginError
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import TaskSpec
 from relayrl.sandbox.api import SandboxError
 
@@ -92,7 +93,7 @@ class DirectorySource:
             yield _resolve(data, folder, str(folder / "task.json"))
 
 
-def load_tasks(location: str | Path, *, source: str | None = None, pm: Any = None) -> list[TaskSpec]:
+def load_tasks(location: str | Path, *, source: str | None = None, pm: PluginManager | None = None) -> list[TaskSpec]:
     """All tasks at ``location``, through the named source or the first registered one that accepts it."""
     from relayrl.sandbox.hookspecs import TASK_SOURCES
 

@@ -22,10 +22,10 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from relayrl.core.config import load_config
 from relayrl.core.errors import RelayrlError
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import TaskSpec
 from relayrl.sandbox.config import SandboxSection, open_backend
 from relayrl.sandbox.grading import Grader
@@ -162,7 +162,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="fit-tasks.txt", help="where to write the ids of fit tasks")
 
 
-def run(args: argparse.Namespace, *, pm: Any = None) -> int:
+def run(args: argparse.Namespace, *, pm: PluginManager | None = None) -> int:
     """Run the verification; exit status 0 when every task is fit, 1 otherwise."""
     section = SandboxSection()
     if args.config:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from relayrl.core.config import ConfigError, Section
 from relayrl.core.errors import PluginError
+from relayrl.core.plugins import PluginManager
 from relayrl.trainer.hookspecs import TRAINER_BACKENDS
 
 __all__ = ["TrainerSection", "WarmupSection"]
@@ -30,7 +31,7 @@ class WarmupSection(Section, kw_only=True):
     """torch intra-op threads during the warm-up; 0: ``[trainer] threads``. The fleet waits for the
     warmed weights meanwhile, so the warm-up may take every core that RL shares with the engines."""
 
-    def check(self, pm: object, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         from relayrl.algo.optim import check_learning_rate
 
         for key in ("lr", "muon_lr"):
@@ -92,7 +93,7 @@ class TrainerSection(Section, kw_only=True):
     checkpoints; its death still restarts every rank."""
     warmup: WarmupSection = WarmupSection()
 
-    def check(self, pm: Any, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         if self.entropy_metric_tokens < 0:
             raise ConfigError(f"{path}.entropy_metric_tokens: must be >= 0 (0: every position)")
         if self.micro_batch_tokens <= 0:

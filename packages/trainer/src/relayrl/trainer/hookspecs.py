@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from relayrl.core.plugins import Kind, Registration, capabilities, hookspec
+from relayrl.core.plugins import Kind, PluginManager, Registration, capabilities, hookspec
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +45,7 @@ class TrainerBackend(Protocol):
 
 class TrainerBackendFactory(Protocol):
     def __call__(self, model: torch.nn.Module, *, algo: AlgoSection, config: TrainerSection, version: int,
-                 pm: Any, run_config: Any = ...) -> TrainerBackend: ...
+                 pm: PluginManager | None, run_config: Any = ...) -> TrainerBackend: ...
 
 
 # The kinds this package defines, typed by their factory Protocol (relayrl.core.plugins.Kind).

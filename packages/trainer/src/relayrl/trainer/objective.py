@@ -27,6 +27,7 @@ from relayrl.algo.losses import LossInputs
 from relayrl.algo.monitors import behaviour_metrics
 from relayrl.algo.routing import RouterInfo, moe_routers, recorded_routing
 from relayrl.algo.sampling import full_entropy, replay_logprobs
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import Group
 from relayrl.trainer.batch import SequenceBatch, build_sequences
 
@@ -51,7 +52,7 @@ class BatchObjective:
     """Advantage estimator, loss and correction from ``[algo]``, applied micro-batch by micro-batch."""
 
     def __init__(self, algo: AlgoSection, *, entropy_coef: float = 0.0, entropy_metric_tokens: int = 2048,
-                 pm: Any = None) -> None:
+                 pm: PluginManager | None = None) -> None:
         self.advantage = build(ADVANTAGE_ESTIMATORS, algo.advantage, algo.advantage_options, pm=pm, path="algo.advantage")
         self.loss = build(LOSSES, algo.loss, algo.loss_options, pm=pm, path="algo.loss")
         self.correction = build(MISMATCH_CORRECTIONS, algo.correction, algo.correction_options, pm=pm,

@@ -34,6 +34,7 @@ import torch
 
 from relayrl.algo.config import AlgoSection
 from relayrl.algo.optim import build_optimizer
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import Group
 from relayrl.trainer.batch import split_by_token_budget
 from relayrl.trainer.config import TrainerSection
@@ -46,7 +47,7 @@ class TorchTrainer:
     """Trains a transformers causal LM (or any module returning ``.logits``) on scored groups."""
 
     def __init__(self, model: torch.nn.Module, *, algo: AlgoSection | None = None, config: TrainerSection | None = None,
-                 version: int = 0, pm: Any = None) -> None:
+                 version: int = 0, pm: PluginManager | None = None) -> None:
         self.model = model
         self.algo = algo or AlgoSection()
         self.config = config or TrainerSection()

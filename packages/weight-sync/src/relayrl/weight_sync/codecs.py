@@ -40,7 +40,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from relayrl.core.plugins import get_plugin_manager
+from relayrl.core.plugins import PluginManager, get_plugin_manager
 from relayrl.weight_sync.checksum import BLOCK_BYTES, block_hashes, digest, tensor_checksum
 from relayrl.weight_sync.errors import WeightSyncError
 from relayrl.weight_sync.hookspecs import CODECS
@@ -382,7 +382,7 @@ BUILTIN_CODECS: dict[str, tuple[Callable[..., Codec], str]] = {
 }
 
 
-def make_codec(name: str, *, pm: Any = None, **options: Any) -> Codec:
+def make_codec(name: str, *, pm: PluginManager | None = None, **options: Any) -> Codec:
     """Build codec ``name`` from the registry (``options``: ``level``, ``chunk_bytes``, ``min_gain``).
 
     Uses the built-in table when the plugin manager lacks the codec hook (the package imported from

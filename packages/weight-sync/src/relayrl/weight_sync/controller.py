@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from relayrl.core.errors import ChecksumMismatch, ObjectNotFound, StoreError, WireError
+from relayrl.core.plugins import PluginManager
 from relayrl.core.store import Store, open_store
 from relayrl.core.wire import WeightManifest
 from relayrl.weight_sync import bits as tensor_bits
@@ -156,7 +157,7 @@ class Controller:
     def __init__(self, store: Store, engine: EngineAdapter, *, prefix: str = "weights", threads: int = 0,
                  download_threads: int = 4, apply_mode: Literal["copy", "xor"] = "copy",
                  verify_after_apply: bool = True, reset_caches_on_apply: bool = False,
-                 poll_interval_s: float = 1.0, reporter: str = "", pm: Any = None) -> None:
+                 poll_interval_s: float = 1.0, reporter: str = "", pm: PluginManager | None = None) -> None:
         if apply_mode not in ("copy", "xor"):
             raise WeightSyncError(f"apply_mode must be 'copy' or 'xor', got {apply_mode!r}")
         self.bus = WeightBus(store, prefix)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from relayrl.core.errors import ObjectNotFound
+from relayrl.core.plugins import PluginManager
 from relayrl.core.store import Store
 from relayrl.core.wire import TensorEntry, WeightManifest
 from relayrl.weight_sync import bits as tensor_bits
@@ -97,7 +98,7 @@ class Publisher:
                  object_bytes: int = 256 * MIB, upload_threads: int = 4, keep_versions: int = 4,
                  keep_every: int = 0, rank: int = 0, world_size: int = 1, first_version: int | None = None,
                  bridge_deltas: bool = True, background: bool = True, publish_dtype: str | None = None,
-                 pm: Any = None) -> None:
+                 pm: PluginManager | None = None) -> None:
         if publish_every_steps < 1 or snapshot_every_versions < 1:
             raise WeightSyncError("publish_every_steps and snapshot_every_versions must be at least 1")
         if not 0 <= rank < world_size:

@@ -20,6 +20,7 @@ from typing import Any
 
 from relayrl.core.config import Config, load_config
 from relayrl.core.errors import RelayrlError
+from relayrl.core.plugins import PluginManager
 
 __all__ = ["EvalModel", "quiet_transformers", "resolve_model", "split_spec", "with_weights"]
 
@@ -56,7 +57,7 @@ def _is_hf_model(path: Path) -> bool:
         return False
 
 
-def resolve_model(spec: str, *, overrides: list[str], config_file: str | None, pm: Any = None) -> EvalModel:
+def resolve_model(spec: str, *, overrides: list[str], config_file: str | None, pm: PluginManager | None = None) -> EvalModel:
     """The model ``spec`` names and its config (a run's weights are rebuilt by :func:`with_weights`)."""
     from relayrl.cli.run.layout import RunLayout
 

@@ -31,6 +31,7 @@ import msgspec
 from relayrl.cli.evals.model import EvalModel, quiet_transformers
 from relayrl.core.config import Config, load_config
 from relayrl.core.errors import RelayrlError
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import Group, TaskSpec
 from relayrl.rollout.hookspecs import ENVIRONMENTS
 
@@ -64,7 +65,7 @@ class TaskSet:
 
 
 def resolve_tasks(config: Config, spec: str, *, split: str = "auto", limit: int | None = None,
-                  sandbox: Any = None, pm: Any = None) -> tuple[TaskSet, Any]:
+                  sandbox: Any = None, pm: PluginManager | None = None) -> tuple[TaskSet, Any]:
     """The tasks ``spec`` names and the environment that serves and grades them.
 
     ``spec`` is an environment name (its held-out ``eval_tasks()`` for split ``eval``, its training
@@ -154,7 +155,7 @@ def _sandbox_section(model: EvalModel, out: Path) -> Any:
     return msgspec.structs.replace(section, hide_paths=[*section.hide_paths, hidden])
 
 
-def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: Any = None) -> tuple[dict[str, Any], TaskSet]:
+def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: PluginManager | None = None) -> tuple[dict[str, Any], TaskSet]:
     """Evaluate ``model`` as ``options`` say, writing to ``out``; return the summary and the tasks."""
     from relayrl.rollout.evaluation import RecordFile, completed_tasks
 
@@ -188,7 +189,7 @@ def run_eval(model: EvalModel, options: EvalOptions, out: Path, *, pm: Any = Non
 
 
 async def _evaluate(model: EvalModel, config: Config, environment: Any, task_set: TaskSet, remaining: list[TaskSpec],
-                    options: EvalOptions, out: Path, records_file: Any, pm: Any) -> None:
+                    options: EvalOptions, out: Path, records_file: Any, pm: PluginManager | None) -> None:
     from relayrl.rollout.config import build_engine, build_harness, build_router
     from relayrl.rollout.evaluation import evaluate
     from relayrl.rollout.models import load_tokenizer, make_chat_format

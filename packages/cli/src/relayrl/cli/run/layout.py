@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 
 from relayrl.core.config import Config, load_config
+from relayrl.core.plugins import PluginManager
 from relayrl.core.store import Store, open_store
 
 __all__ = ["RunLayout"]
@@ -56,7 +57,7 @@ class RunLayout:
     def exists(self) -> bool:
         return self.config_path.exists()
 
-    def load_config(self, *, overrides: list[str] | tuple[str, ...] = (), pm: Any = None) -> Config:
+    def load_config(self, *, overrides: list[str] | tuple[str, ...] = (), pm: PluginManager | None = None) -> Config:
         return load_config(json.loads(self.config_path.read_text()), overrides=overrides, pm=pm)
 
     def bus_url(self, config: Config) -> str:

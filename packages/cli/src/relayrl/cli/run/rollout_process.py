@@ -34,7 +34,7 @@ from relayrl.buffer import SegmentWriter, create_prompt_scheduler, write_fleet_c
 from relayrl.cli.run.layout import RunLayout
 from relayrl.core.config import Config
 from relayrl.core.errors import StoreError
-from relayrl.core.plugins import get_plugin_manager
+from relayrl.core.plugins import PluginManager, get_plugin_manager
 from relayrl.rollout.config import build_environment, build_harness, build_router
 from relayrl.rollout.engines.http import HttpEngine
 from relayrl.rollout.evaluation import split_tasks
@@ -48,7 +48,7 @@ from relayrl.rollout.weights import apply_timings
 __all__ = ["main", "run_rollout"]
 
 
-async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str], *, pm: Any = None) -> None:
+async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str], *, pm: PluginManager | None = None) -> None:
     section = config.rollout
     # Sandbox work (creation, every tool call, grading) runs in threads that mostly wait on child
     # processes. asyncio's default pool has cpu_count + 4 of them: on a laptop, six tool calls at
@@ -166,7 +166,7 @@ def weight_update_metrics(health: list[dict[str, Any]]) -> dict[str, float]:
     return metrics
 
 
-async def in_process_engines(layout: RunLayout, config: Config, *, pm: Any = None,
+async def in_process_engines(layout: RunLayout, config: Config, *, pm: PluginManager | None = None,
                              controllers: dict[str, Any] | None = None) -> list[Any]:
     """The ``[rollout]`` engines built in this process, each following the bus with its own controller.
 

@@ -41,7 +41,7 @@ from relayrl.cli.run.layout import RunLayout
 from relayrl.cli.run.lease import EXIT_FENCED, LeaseLost, check_fence
 from relayrl.cli.run.ledger import LedgerWriter
 from relayrl.core.config import Config
-from relayrl.core.plugins import get_plugin_manager
+from relayrl.core.plugins import PluginManager, get_plugin_manager
 from relayrl.core.store import open_store
 from relayrl.fault_tolerance.checkpoint import AsyncCheckpointer
 from relayrl.fault_tolerance.faults import maybe_kill
@@ -68,7 +68,7 @@ class StoppedDuringWarmup(Exception):
 class TrainerProcess:
     """The trainer side of a run (see the module docstring)."""
 
-    def __init__(self, layout: RunLayout, config: Config, *, pm: Any = None, ranks: Ranks | None = None) -> None:
+    def __init__(self, layout: RunLayout, config: Config, *, pm: PluginManager | None = None, ranks: Ranks | None = None) -> None:
         self.layout = layout
         self.config = config
         self.pm = pm

@@ -19,9 +19,9 @@ from __future__ import annotations
 from typing import Any
 
 import fsspec
-import pluggy
 
 from relayrl.core.errors import StoreError
+from relayrl.core.plugins import PluginManager
 from relayrl.core.store.backends import FsspecStore, LocalStore, MemoryStore, S3Store
 from relayrl.core.store.base import ObjectInfo, Store, validate_key
 from relayrl.core.store.retry import RetryPolicy, is_transient
@@ -37,7 +37,7 @@ def url_scheme(url: str) -> str:
     return url.split("://", 1)[0] if "://" in url else "file"
 
 
-def open_store(url: str, *, pm: pluggy.PluginManager | None = None, **options: Any) -> Store:
+def open_store(url: str, *, pm: PluginManager | None = None, **options: Any) -> Store:
     """Open the store at ``url`` with the backend registered for its scheme.
 
     ``options`` are passed to the backend factory (e.g. ``endpoint_url`` for S3). Raises

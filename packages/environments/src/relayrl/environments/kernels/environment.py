@@ -50,6 +50,7 @@ from typing import Any
 import msgspec
 
 from relayrl.core.config import ConfigError, Section
+from relayrl.core.plugins import PluginManager
 from relayrl.core.wire import CheatingFlag, TaskSpec, ToolCall, ToolResult, Trajectory
 from relayrl.environments.kernels.catalog import chain_task, make_tasks
 from relayrl.environments.kernels.expert import fused_chain, renamed_reference, slipped
@@ -126,7 +127,7 @@ class KernelConfig(Section, kw_only=True):
         default_factory=lambda: {"fused": 0.4, "copy": 0.3, "copy-then-fused": 0.3})
     """Weights of the demonstrations' :data:`STYLES`."""
 
-    def check(self, pm: object, path: str) -> None:
+    def check(self, pm: PluginManager | None, path: str) -> None:
         for key in ("tasks", "feedback_rounds", "grading_rounds", "max_submissions"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{path}.{key}: must be at least 1, got {getattr(self, key)}")
@@ -205,7 +206,7 @@ class KernelEnvironment(Environment):
     alphabet = ALPHABET
     specials = SPECIALS
 
-    def __init__(self, config: KernelConfig | None = None, *, sandbox: Any = None, pm: Any = None) -> None:
+    def __init__(self, config: KernelConfig | None = None, *, sandbox: Any = None, pm: PluginManager | None = None) -> None:
         self.config = config or KernelConfig()
         self.grader = KernelGrader(section=sandbox, pm=pm, python=self.config.python, device=self.config.device)
         self.reward = self.config.reward()

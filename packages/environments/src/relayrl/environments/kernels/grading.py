@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from relayrl.core.plugins import PluginManager
 from relayrl.environments.kernels.tasks import KernelTask
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def harness_job(task: KernelTask, candidate: str, *, rounds: int = 10, time_it: 
 class KernelGrader:
     """Grades candidates in fresh sandboxes of one backend (the run's ``[sandbox]`` section)."""
 
-    def __init__(self, backend: Any = None, *, section: Any = None, pm: Any = None, python: str = "python3",
+    def __init__(self, backend: Any = None, *, section: Any = None, pm: PluginManager | None = None, python: str = "python3",
                  device: str = "cpu") -> None:
         self.python = python
         self.device = device
