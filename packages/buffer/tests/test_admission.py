@@ -18,6 +18,7 @@ from relayrl.buffer.hookspecs import ADMISSION_POLICIES
 from relayrl.buffer.segments import GroupRef
 from relayrl.buffer.testing import AdmissionPolicyTests, make_group, make_trajectory
 from relayrl.core import wire
+from relayrl.core.config import ConfigError, Section, load_config
 from relayrl.core.errors import PluginError
 from relayrl.core.plugins import Registration, create_plugin_manager, hookimpl
 
@@ -121,10 +122,15 @@ class MinReward:
         return ADMIT if max(group.group.rewards) >= self.threshold else Admission(drop_reason="low_reward")
 
 
+class MinRewardConfig(Section):
+    threshold: float = 0.5
+
+
 class MinRewardPlugin:
     @hookimpl
     def relayrl_buffer_admission_policies(self):
-        yield Registration("min-reward", MinReward.from_config, "drop groups whose best reward is low")
+        yield Registration("min-reward", MinReward.from_config, "drop groups whose best reward is low",
+                           config=MinRewardConfig)
 
 
 def test_a_plugin_policy_is_found_by_name_and_reads_its_options():
@@ -133,6 +139,24 @@ def test_a_plugin_policy_is_found_by_name_and_reads_its_options():
     config = BufferSection(admission=("min-reward",), policy_options={"min-reward": {"threshold": 0.9}})
     chain = build_admission(config, pm)
     assert chain.admit(pending(make_group("g", rewards=(0.0, 0.8))), 0).drop_reason == "low_reward"
+
+
+@pytest.mark.parametrize(("buffer", "error"), [
+    ({"admission": ["staleness", "min-reward"], "policy_options": {"min-reward": {"treshold": 0.9}}},
+     r"buffer\.policy_options\.min-reward\.treshold: unknown key; did you mean threshold"),
+    ({"admission": ["min-reward"], "policy_options": {"min-reward": {"threshold": "high"}}},
+     r"buffer\.policy_options\.min-reward\.threshold: expected float, got str"),
+    ({"admission": ["staleness"], "policy_options": {"staleness": {"max": 1}}},
+     r"buffer\.policy_options\.staleness: admission policy 'staleness' takes no options"),
+    ({"admission": ["staleness"], "policy_options": {"min-reward": {"threshold": 0.9}}},
+     r"buffer\.policy_options\.min-reward: options of a policy that buffer\.admission does not list"),
+    ({"admission": ["stalenes"]}, r"buffer\.admission\[0\]: unknown admission policy 'stalenes'"),
+    ({"prompts": {"scheduler": "pass_rate"}}, r"buffer\.prompts\.scheduler: unknown prompt scheduler 'pass_rate'"),
+])
+def test_policy_names_and_options_are_checked_when_the_config_loads(buffer, error):
+    pm = create_plugin_manager(plugins=[("relayrl-min-reward", MinRewardPlugin())])
+    with pytest.raises(ConfigError, match=error):
+        load_config({"buffer": buffer}, pm=pm)
 
 
 def test_unknown_policy_name_lists_the_known_ones():

@@ -21,7 +21,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from relayrl.core.config import Section
+from relayrl.core.config import Section, resolve_plugin
+from relayrl.core.errors import ConfigError, PluginError
+from relayrl.core.plugins import PluginManager
 
 NonNegativeInt = Annotated[int, msgspec.Meta(ge=0)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
@@ -98,4 +100,21 @@ class BufferSection(Section):
     restart: RestartSection = RestartSection()
     prompts: PromptsSection = PromptsSection()
     policy_options: dict[str, dict[str, Any]] = {}
-    """Options of third-party admission policies, by policy name."""
+    """Options of admission policies, by policy name: each table is checked against the ``config`` struct
+    the policy's registration declares (a policy that declares none takes none)."""
+
+    def check(self, pm: PluginManager | None, path: str) -> None:
+        # Names and options fail when the config loads, naming the key, not when the trainer builds the chain.
+        from relayrl.buffer.hookspecs import ADMISSION_POLICIES, PROMPT_SCHEDULERS
+
+        try:
+            PROMPT_SCHEDULERS.lookup(pm, self.prompts.scheduler)
+        except PluginError as exc:
+            raise ConfigError(f"{path}.prompts.scheduler: {exc}") from None
+        for index, name in enumerate(self.admission):
+            resolve_plugin(pm, ADMISSION_POLICIES, name, self.policy_options.get(name), path=f"{path}.admission[{index}]",
+                           options_path=f"{path}.policy_options.{name}")
+        unused = sorted(set(self.policy_options) - set(self.admission))
+        if unused:
+            raise ConfigError(f"{path}.policy_options.{unused[0]}: options of a policy that {path}.admission does not "
+                              f"list ({', '.join(self.admission) or 'none'})")

@@ -53,8 +53,9 @@ def relayrl_buffer_admission_policies() -> Iterable[Registration[AdmissionPolicy
     """Admission policies the trainer-side buffer can apply to every group before batching.
 
     ``name`` is what ``buffer.admission`` lists; ``factory(config)`` receives the whole
-    :class:`relayrl.buffer.config.BufferSection` (a third-party policy reads its options from
-    ``config.policy_options[name]``) and returns an object with
+    :class:`relayrl.buffer.config.BufferSection` (a policy reads its options from
+    ``config.policy_options[name]``, checked when the config loads against the ``config`` struct its
+    registration declares) and returns an object with
     ``admit(group: PendingGroup, trainer_version: int) -> Admission`` that is deterministic and
     has no side effects: the buffer may evaluate the same group several times. Built in:
     ``staleness``, ``zero-variance``. Example::
