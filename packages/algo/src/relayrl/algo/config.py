@@ -21,7 +21,8 @@ typo in a loss option fails before a run starts::
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -31,6 +32,11 @@ from relayrl.algo.optim import OptimizerSection
 from relayrl.core.config import Section, resolve_plugin
 from relayrl.core.errors import ConfigError, PluginError
 from relayrl.core.plugins import Kind, PluginManager
+
+if TYPE_CHECKING:
+    from relayrl.algo.hookspecs import RewardShaper
+
+R = TypeVar("R")
 
 __all__ = ["AlgoSection", "MonitorsSection", "SamplingSection", "build", "build_monitors", "build_reward_shapers"]
 
@@ -101,8 +107,8 @@ class AlgoSection(Section, frozen=True):
         build_monitors(self, pm=pm, path=path)
 
 
-def build(kind: Kind[Any], name: str, options: dict[str, Any] | None = None, *,
-          pm: PluginManager | None = None, path: str = "") -> Any:
+def build(kind: Kind[Callable[..., R]], name: str, options: dict[str, Any] | None = None, *,
+          pm: PluginManager | None = None, path: str = "") -> R:
     """Look ``name`` up in a registry, decode ``options`` into its ``Config``, and build it.
 
     Errors are :class:`ConfigError`s naming ``path`` (``algo.loss``) or the option's dotted key
@@ -112,9 +118,10 @@ def build(kind: Kind[Any], name: str, options: dict[str, Any] | None = None, *,
     return record.factory(config) if record.config is not None else record.factory()
 
 
-def build_reward_shapers(section: AlgoSection, *, pm: PluginManager | None = None, path: str = "algo") -> list[Any]:
+def build_reward_shapers(section: AlgoSection, *, pm: PluginManager | None = None,
+                         path: str = "algo") -> list[RewardShaper]:
     """The configured reward shapers, in file order."""
-    shapers = []
+    shapers: list[RewardShaper] = []
     for name, options in section.reward_shapers.items():
         where = f"{path}.reward_shapers.{name}"
         record, config = resolve_plugin(pm, REWARD_SHAPERS, name, options, path=where, options_path=where)

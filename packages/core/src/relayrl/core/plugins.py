@@ -65,6 +65,9 @@ PluginManager = pluggy.PluginManager
 the process-wide :func:`get_plugin_manager`. Packages annotate with it instead of importing pluggy."""
 
 F = TypeVar("F")
+F_co = TypeVar("F_co", covariant=True)
+"""A registration's factory type: covariant, so ``Kind[LossFactory]`` is a ``Kind[Callable[..., Loss]]``
+and a generic builder's result has the type the factory Protocol returns."""
 H = TypeVar("H", bound=Callable[..., Any])
 
 
@@ -93,7 +96,7 @@ def declared_capabilities(pm: pluggy.PluginManager | None, hook_name: str) -> di
 
 
 @dataclasses.dataclass(frozen=True)
-class Registration(Generic[F]):
+class Registration(Generic[F_co]):
     """One named thing a plugin offers: a store backend, a loss, a sandbox backend, ...
 
     Registration hooks yield these. ``factory`` builds the thing (its signature is documented by
@@ -115,7 +118,7 @@ class Registration(Generic[F]):
     """
 
     name: str
-    factory: F
+    factory: F_co
     description: str = ""
     plugin: str = ""
     config: type | None = None
@@ -346,7 +349,7 @@ def lookup(pm: pluggy.PluginManager | None, hook_name: str, name: str, *, kind: 
 
 
 @dataclasses.dataclass(frozen=True)
-class Kind(Generic[F]):
+class Kind(Generic[F_co]):
     """One registry, typed: its registration hook and what its things are called, with ``F`` the
     factory Protocol of the kind. Each package declares its kinds next to their hookspecs
     (``ENGINES: Kind[EngineFactory] = Kind("relayrl_rollout_engines", "engine")``), so a lookup through
@@ -360,11 +363,11 @@ class Kind(Generic[F]):
     noun: str
     """What one of its things is called in messages (``unknown engine 'torh' (available: torch, vllm)``)."""
 
-    def registrations(self, pm: pluggy.PluginManager | None = None) -> dict[str, Registration[F]]:
+    def registrations(self, pm: pluggy.PluginManager | None = None) -> dict[str, Registration[F_co]]:
         """Every record of the kind by name (:func:`registrations`)."""
         return registrations(pm, self.hook)
 
-    def lookup(self, pm: pluggy.PluginManager | None, name: str) -> Registration[F]:
+    def lookup(self, pm: pluggy.PluginManager | None, name: str) -> Registration[F_co]:
         """The record called ``name``, or a PluginError listing the names available (:func:`lookup`)."""
         return lookup(pm, self.hook, name, kind=self.noun)
 
