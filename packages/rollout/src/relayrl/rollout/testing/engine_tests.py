@@ -154,6 +154,66 @@ class EngineTests:
 
         assert list(run(crowded()).token_ids()) == list(alone.token_ids())
 
+    def test_a_request_arriving_mid_generation_is_served_without_waiting_for_the_batch(self, engine) -> None:
+        """Continuous batching: a short request sent while a long one streams finishes first (it joins the
+        running batch instead of waiting for it to drain), with the tokens it gets alone."""
+        alone = run(engine.generate(request(1, seed=21, max_tokens=8)))
+
+        async def arriving_late():
+            finished: list[str] = []
+            started = asyncio.Event()
+
+            async def long() -> None:
+                async for event in engine.stream(request(0, seed=2, max_tokens=400)):
+                    started.set()
+                    if event.finish_reason is not None:
+                        finished.append("long")
+
+            async def short():
+                await started.wait()  # the long request is generating
+                span = await engine.generate(request(1, seed=21, max_tokens=8))
+                finished.append("short")
+                return span
+
+            _, span = await asyncio.gather(long(), short())
+            return finished, span
+
+        finished, late = run(arriving_late())
+        assert finished == ["short", "long"], "the late request waited for the running request to finish"
+        assert list(late.token_ids()) == list(alone.token_ids())
+
+    def test_a_next_turn_samples_as_from_its_whole_context(self, engine, reference_model) -> None:
+        """Multi-turn: the next turn's prompt extends the last one (context, answer, tool result). An engine
+        may reuse the cache of the turn before (prefix reuse); the turn's tokens are the same with or
+        without it, and its logprobs are those of the whole context under the served weights."""
+        first = run(engine.generate(request(2, seed=5, max_tokens=10)))
+        context = PROMPTS[2] + list(first.token_ids()) + [40, 41, 42]  # + a tool result
+
+        def next_turn() -> GenerateRequest:
+            return GenerateRequest(request_id="turn-2", prompt=context,
+                                   params=SamplingParams(max_tokens=10, seed=6, routing_from=0))
+
+        continued = run(engine.generate(next_turn()))  # right after its first turn (a prefix may be reused)
+        again = run(engine.generate(next_turn()))  # the same prompt again (nothing of it to reuse)
+        assert list(continued.token_ids()) == list(again.token_ids())
+        torch.testing.assert_close(recorded(continued), replayed(reference_model, context, continued),
+                                   atol=self.logprob_atol, rtol=0)
+
+    def test_a_next_turn_after_a_weight_update_reuses_nothing_computed_before_it(self, engine, reference_model) -> None:
+        adapter = weight_adapter(engine)
+        first = run(engine.generate(request(0, seed=8, max_tokens=10)))
+        new_state = perturbed_state(reference_model, seed=17)
+        adapter.pause()
+        try:
+            write_weights(adapter, new_state, adapter.served_version + 1)  # resets caches, as configured by default
+        finally:
+            adapter.resume()
+        context = PROMPTS[0] + list(first.token_ids()) + [40, 41]
+        span = run(engine.generate(GenerateRequest(request_id="after-update", prompt=context,
+                                                   params=SamplingParams(max_tokens=10, seed=9, routing_from=0))))
+        reference_model.load_state_dict(new_state, strict=False)
+        torch.testing.assert_close(recorded(span), replayed(reference_model, context, span), atol=self.logprob_atol, rtol=0)
+
     @pytest.mark.parametrize("params", [{"top_p": 1.0}, {"top_p": 0.8}, {"top_k": 5, "temperature": 0.7},
                                         {"top_p": 0.95, "max_kept": 3}])
     def test_logprobs_match_trainer_replay(self, engine, reference_model, params) -> None:
