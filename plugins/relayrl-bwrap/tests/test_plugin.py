@@ -7,7 +7,8 @@ import pytest
 from relayrl.core.plugins import create_plugin_manager
 from relayrl.environments.testing import GraderTests, KernelExploitTests
 from relayrl.sandbox.api import SandboxUnavailable
-from relayrl.sandbox.config import SandboxSection, backends, open_backend
+from relayrl.sandbox.config import SandboxSection, open_backend
+from relayrl.sandbox.hookspecs import SANDBOX_BACKENDS
 from relayrl.sandbox.local import SETUP_ATTEMPTS
 from relayrl.sandbox.testing import SandboxTests
 from relayrl_bwrap.backend import BwrapBackend, probe_bwrap
@@ -31,7 +32,7 @@ class TestBwrapBackend(SandboxTests):
 
 
 def test_registered_through_the_entry_point():
-    record = backends(create_plugin_manager())[NAME]
+    record = SANDBOX_BACKENDS.registrations(create_plugin_manager())[NAME]
     assert record.plugin == "relayrl-bwrap" and record.factory is BwrapBackend
 
 

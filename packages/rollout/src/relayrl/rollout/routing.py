@@ -16,6 +16,7 @@ and version of the engine that actually sampled it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -44,6 +45,18 @@ class RouterConfig(Section):
     def check(self, pm: PluginManager | None, path: str) -> None:
         if self.retries < 0 or self.down_for_s < 0:
             raise ConfigError(f"{path}: retries and down_for_s must be at least 0 (got {self.retries}, {self.down_for_s})")
+
+
+@contextlib.asynccontextmanager
+async def closing(stream: AsyncIterator[StreamEvent]) -> AsyncIterator[AsyncIterator[StreamEvent]]:
+    """``stream``, closed (``aclose``, which an engine's async-generator ``stream`` has) when the block
+    ends, even when its consumer stopped before the stream's end."""
+    try:
+        yield stream
+    finally:
+        close = getattr(stream, "aclose", None)  # an AsyncIterator need not be a generator
+        if close is not None:
+            await close()
 
 
 class Router(InferenceEngine):
@@ -99,9 +112,13 @@ class Router(InferenceEngine):
             started = False
             self.in_flight[engine.engine_id] += 1
             try:
-                async for event in engine.stream(request):
-                    started = True
-                    yield event
+                # A consumer that stops at the last event closes this stream, and with it the engine's, at
+                # once: the in-flight count and the engine's connection are released now, not whenever
+                # the abandoned generators are collected (until then least-loaded saw a busy engine).
+                async with closing(engine.stream(request)) as events:
+                    async for event in events:
+                        started = True
+                        yield event
                 return
             except EngineDied:
                 self.mark_down(engine)
@@ -141,20 +158,21 @@ class TokenRecordingProxy:
         current = request
         for resumes in itertools.count():
             try:
-                async for event in self.engine.stream(current):
-                    if resumes and event.routing is not None:
-                        # Same positions (the resumed prompt starts where the first did), but the
-                        # span's first generated token is the original request's.
-                        event = msgspec.structs.replace(event, routing=msgspec.structs.replace(
-                            event.routing, first_generated=len(request.prompt)))
-                    events.append(event)
-                    generated += event.tokens
-                    if event.tokens and (not engines or engines[-1] != event.engine_id):
-                        engines.append(event.engine_id)
-                    if on_event is not None:
-                        on_event(event)
-                    if event.finish_reason is not None:
-                        return ProxyResult(span=collect_span(events), engine_ids=engines, resumes=resumes)
+                async with closing(self.engine.stream(current)) as stream:
+                    async for event in stream:
+                        if resumes and event.routing is not None:
+                            # Same positions (the resumed prompt starts where the first did), but the
+                            # span's first generated token is the original request's.
+                            event = msgspec.structs.replace(event, routing=msgspec.structs.replace(
+                                event.routing, first_generated=len(request.prompt)))
+                        events.append(event)
+                        generated += event.tokens
+                        if event.tokens and (not engines or engines[-1] != event.engine_id):
+                            engines.append(event.engine_id)
+                        if on_event is not None:
+                            on_event(event)
+                        if event.finish_reason is not None:
+                            return ProxyResult(span=collect_span(events), engine_ids=engines, resumes=resumes)
                 raise EngineDied(f"request {current.request_id}: stream ended without a finish reason")
             except EngineDied:
                 if resumes >= self.max_resumes:

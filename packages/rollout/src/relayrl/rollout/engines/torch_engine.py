@@ -305,9 +305,11 @@ class TorchEngine(InferenceEngine):
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                # Finished before the last event is yielded: a consumer that stops iterating once it has
+                # it (the engine server does) has not abandoned the request, whose prefix is still kept.
+                finished = item.finish_reason is not None
                 yield item
-                if item.finish_reason is not None:
-                    finished = True
+                if finished:
                     return
         finally:
             if not finished:  # abandoned mid-stream: free its batch row
