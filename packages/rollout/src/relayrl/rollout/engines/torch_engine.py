@@ -45,6 +45,7 @@ import collections
 import dataclasses
 import inspect
 import itertools
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -475,8 +476,9 @@ class TorchEngine(InferenceEngine):
         return _cache_of(self._cache_type(), layers)
 
     def _keep_prefixes(self, rows: list[_Row], cache: Any, attention: torch.Tensor, indices: list[int]) -> None:
-        """Keep the KV of each finished row (at ``indices`` of ``cache``/``attention``): the tokens it fed,
-        its prompt and all it generated but the last token (the most recent kept first out of the budget last)."""
+        """Keep the KV of each finished row (at ``indices`` of ``cache``/``attention``) for a later request
+        that extends it: the tokens the row fed, its prompt and all it generated but the last. When the
+        budget is full the least recently kept entries go first."""
         if not self.prefix_cache_bytes:
             return
         layers = _cache_tensors(cache)
@@ -485,11 +487,12 @@ class TorchEngine(InferenceEngine):
                 continue  # abandoned, nothing generated, or computed (partly) under weights since replaced
             columns = attention[index].nonzero().squeeze(1)
             key = tuple(row.pending.request.prompt) + tuple(row.generated[:-1])
-            if len(columns) != len(key):  # a row's fed tokens are its unmasked columns; anything else is a bug here
-                raise RuntimeError(f"engine {self.engine_id}: row of {row.pending.request.request_id} has "
-                                   f"{len(columns)} cache columns for {len(key)} tokens")
-            tensors = [(keys[index:index + 1, :, columns].clone(), values[index:index + 1, :, columns].clone())
-                       for keys, values in layers]
+            if len(columns) != len(key):  # a row's fed tokens are its unmasked columns: a bug here, never reuse it
+                print(f"engine {self.engine_id}: not keeping the prefix of {row.pending.request.request_id}: "
+                      f"{len(columns)} cache columns for {len(key)} tokens", file=sys.stderr, flush=True)
+                continue
+            # Indexing by a tensor of columns copies: the entry owns its memory, not a view of the batch's.
+            tensors = [(keys[index:index + 1, :, columns], values[index:index + 1, :, columns]) for keys, values in layers]
             nbytes = sum(keys.nbytes + values.nbytes for keys, values in tensors)
             if nbytes > self.prefix_cache_bytes:
                 continue
