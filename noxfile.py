@@ -395,8 +395,9 @@ def _system(session: nox.Session) -> None:
         targets.append(f"{folder}[testing]" if has_testing else str(folder))
     session.install(*CONSTRAINTS, *targets, "pytest")
     warm_bytecode(session)
+    # --durations: the slowest tests in the log, to keep the two CI lanes even (LANE_OF)
     session.run("pytest", str(ROOT / "integration"), "--ignore", str(ROOT / "integration" / "backends"),
-                *session.posargs)
+                "--durations=15", *session.posargs)
 
 
 def _backend_cells() -> list[Any]:

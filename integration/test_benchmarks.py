@@ -34,6 +34,11 @@ def test_engine_benchmark_quick_mode_runs():
     assert "relayrl / generate" in out and "recording routing tok/s" in out
 
 
+def test_engine_batching_benchmark_quick_mode_runs_both_levers():
+    out = run_quick("engine_batching.py")
+    assert "Continuous / static" in out and "Prefill tokens per generated token cut" in out
+
+
 def test_buffer_benchmark_quick_mode_runs_on_local_files_and_s3():
     out = run_quick("buffer.py")
     assert "local files" in out and "S3 (moto, loopback)" in out and "ingest / read" in out
