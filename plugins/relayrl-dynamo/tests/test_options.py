@@ -21,3 +21,19 @@ def test_declared_options_load():
 def test_a_wrong_option_is_refused_with_its_dotted_key(options, error):
     with pytest.raises(ConfigError, match=error):
         load_config({"rollout": {"router": "dynamo", "router_options": options}})
+
+
+def test_the_declared_options_cover_every_dynamo_setting_with_its_default():
+    """``DynamoRouterConfig`` restates ``DynamoSettings`` (the factory pops those keys into it): a setting
+    added or a default changed on one side only would be refused, or documented wrongly, by the other."""
+    import dataclasses
+
+    import msgspec
+
+    from relayrl_dynamo.factory import DynamoRouterConfig
+    from relayrl_dynamo.runtime import DynamoSettings
+
+    declared = {field.name: field.default for field in msgspec.structs.fields(DynamoRouterConfig)}
+    for field in dataclasses.fields(DynamoSettings):
+        assert field.name in declared, f"DynamoSettings.{field.name} is not a declared router option"
+        assert declared[field.name] == field.default, f"{field.name}: defaults differ"
