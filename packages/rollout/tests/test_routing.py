@@ -156,3 +156,133 @@ def test_killing_an_engine_mid_batch_with_a_live_prefix_loses_nothing_the_proxy_
                                    atol=2e-4, rtol=0)
         result.span.check()
     asyncio.run(router.close())
+
+
+# ---------------------------------------------------------------------------- group calls
+class CountingEngine(FailingEngine):
+    """Counts the calls it gets: single streams, and group calls with their sizes."""
+
+    def __init__(self, inner, **kwargs):
+        super().__init__(inner, **kwargs)
+        self.group_sizes: list[int] = []
+
+    async def stream_group(self, requests):
+        self.group_sizes.append(len(requests))
+        if self.fail_before_first > 0:   # the whole call refused (connection refused)
+            self.fail_before_first -= 1
+            raise EngineDied(f"{self.engine_id} refused the group")
+        async for item in super().stream_group(requests):
+            yield item
+
+
+def _sample(index: int, prompt=(1, 9, 4), max_tokens: int = 10) -> GenerateRequest:
+    return GenerateRequest(request_id=f"s{index}", prompt=list(prompt),
+                           params=SamplingParams(max_tokens=max_tokens, seed=100 + index, top_p=0.9))
+
+
+def test_the_proxy_sends_a_groups_samples_started_together_as_one_call():
+    """8 samples of one prompt started at once: one group call (the other prompt's two samples another),
+    and every result is the one the request gets alone."""
+    model = tiny_llama(seed=0)
+    counting = CountingEngine(TorchEngine(model, engine_id="a"))
+    proxy = TokenRecordingProxy(counting)
+    requests = [_sample(index) for index in range(8)] + [_sample(8 + index, prompt=(1, 5)) for index in range(2)]
+
+    async def together():
+        return await asyncio.gather(*(proxy.generate(request) for request in requests))
+
+    results = asyncio.run(together())
+    assert sorted(counting.group_sizes) == [2, 8] and proxy.group_calls_made == 2
+    alone = TokenRecordingProxy(TorchEngine(model, engine_id="b"), group_calls=False)
+    for request, result in zip(requests, results):
+        expected = asyncio.run(alone.generate(request))
+        assert list(result.span.token_ids()) == list(expected.span.token_ids()) and result.resumes == 0
+        torch.testing.assert_close(recorded(result.span), replayed(model, request.prompt, result.span), atol=2e-4, rtol=0)
+    sequential = [asyncio.run(proxy.generate(request)) for request in requests[:2]]   # not together: alone
+    assert sorted(counting.group_sizes) == [2, 8] and len(sequential) == 2
+
+
+def test_a_cancelled_sample_of_a_group_call_leaves_the_others_running():
+    model = tiny_llama(seed=0)
+    proxy = TokenRecordingProxy(TorchEngine(model, engine_id="a"))
+
+    async def one_cancelled():
+        jobs = [asyncio.ensure_future(proxy.generate(_sample(index, max_tokens=30))) for index in range(3)]
+        await asyncio.sleep(0)
+        jobs[1].cancel()
+        return await asyncio.gather(*jobs, return_exceptions=True)
+
+    results = asyncio.run(one_cancelled())
+    assert isinstance(results[1], asyncio.CancelledError)
+    assert all(len(results[index].span) == 30 for index in (0, 2))
+
+
+def test_a_group_cut_off_by_its_engines_death_resumes_each_unfinished_sample_alone():
+    """The group's engine dies after 3 tokens of each stream: every sample resumes on the other engine
+    with its tokens so far, and every token is the one the trainer's replay expects."""
+    model = tiny_llama(seed=0)
+    dying = CountingEngine(TorchEngine(model, engine_id="a"), fail_after_tokens=3)
+    survivor = CountingEngine(TorchEngine(model, engine_id="b"))
+    router = Router([dying, survivor], policy="round-robin", down_for_s=60)
+    requests = [_sample(index, max_tokens=25) for index in range(4)]
+    results = asyncio.run(TokenRecordingProxy(router).generate_group(requests))
+    assert dying.group_sizes == [4] and survivor.group_sizes == []   # the group went to one engine, whole
+    for request, result in zip(requests, results):
+        assert len(result.span) == 25 and result.span.finish_reason == "length"
+        assert result.engine_ids == ["a", "b"] and result.resumes == 1
+        torch.testing.assert_close(recorded(result.span), replayed(model, request.prompt, result.span), atol=2e-4, rtol=0)
+        result.span.check()
+    asyncio.run(router.close())
+
+
+def test_a_group_refused_before_its_first_token_is_retried_whole_elsewhere():
+    model = tiny_llama(seed=0)
+    refusing = CountingEngine(TorchEngine(model, engine_id="a"), fail_before_first=1)
+    other = CountingEngine(TorchEngine(model, engine_id="b"))
+    router = Router([refusing, other], policy="round-robin", down_for_s=60)
+    results = asyncio.run(TokenRecordingProxy(router).generate_group([_sample(index) for index in range(3)]))
+    assert refusing.group_sizes == [3] and other.group_sizes == [3]
+    assert all(result.engine_ids == ["b"] and result.resumes == 0 for result in results)
+    asyncio.run(router.close())
+
+
+def test_killing_an_engine_process_mid_group_call_loses_nothing_the_proxy_cannot_resume(engine_server_factory,
+                                                                                       tiny_model_dir):
+    """A group call of 4 samples streams over HTTP from engine A, which is SIGKILLed mid-generation: each
+    sample resumes alone on engine B, and every token matches the reference model's replay."""
+    from transformers import AutoModelForCausalLM
+
+    every_token = ("--engine-options", '{"stream_interval_s": 0}')
+    servers = {name: engine_server_factory(name, *every_token) for name in ("engine-a", "engine-b")}
+    engines = [HttpEngine(server.url, engine_id=name) for name, server in servers.items()]
+    router = Router(engines, policy="least-loaded", down_for_s=60)   # idle engines: the first (A) is picked
+    requests = [GenerateRequest(request_id=f"g{index}", prompt=[1, 17, 23, 5],
+                                params=SamplingParams(max_tokens=120, top_p=0.9, seed=50 + index)) for index in range(4)]
+
+    class KillingRouter(Router):
+        """Kills engine A once it has streamed 20 tokens of the group."""
+
+        seen = 0
+
+        def stream_group(self, group):
+            async def watched():
+                async for index, event in router.stream_group(group):
+                    KillingRouter.seen += len(event.tokens)
+                    if KillingRouter.seen >= 20 and servers["engine-a"].process.poll() is None:
+                        servers["engine-a"].kill()
+                    yield index, event
+            return watched()
+
+        def stream(self, request):
+            return router.stream(request)
+
+    results = asyncio.run(TokenRecordingProxy(KillingRouter(engines)).generate_group(requests))
+    assert servers["engine-a"].process.poll() is not None
+    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True).eval()
+    assert any(result.engine_ids == ["engine-a", "engine-b"] for result in results)
+    for request, result in zip(requests, results):
+        assert len(result.span) == 120 and result.span.finish_reason == "length"
+        torch.testing.assert_close(recorded(result.span), replayed(reference, request.prompt, result.span),
+                                   atol=2e-4, rtol=0)
+        result.span.check()
+    asyncio.run(router.close())

@@ -40,6 +40,9 @@ class TorchEngineConfig(Section, frozen=True):  # frozen as Section is (stated f
     prefix_cache_mib: float = 256.0
     """Memory for the KV caches of finished requests, so that a trajectory's next turn prefills only its
     new tokens (see docs/rollout.md); 0 keeps none."""
+    continuous_batching: bool = True
+    """Requests join the running batch between any two decode steps; False: only when it is empty
+    (static batching, the baseline ``benchmarks/engine_batching.py`` measures)."""
 
     def check(self, pm: PluginManager | None, path: str) -> None:
         if self.stream_interval_s < 0:
@@ -50,12 +53,13 @@ class TorchEngineConfig(Section, frozen=True):  # frozen as Section is (stated f
 
 def _torch_engine(model: str, *, engine_id: str, version: int, max_batch: int, seed: int, dtype: str | None = None,
                   stream_interval_s: float = SERVED_STREAM_INTERVAL_S, share_prefill: bool = True,
-                  prefix_cache_mib: float = 256.0) -> InferenceEngine:
+                  prefix_cache_mib: float = 256.0, continuous_batching: bool = True) -> InferenceEngine:
     from relayrl.rollout.engines.torch_engine import TorchEngine
 
     return TorchEngine.from_pretrained(model, dtype=dtype or "float32", engine_id=engine_id, version=version,
                                        max_batch=max_batch, seed=seed, stream_interval_s=stream_interval_s,
-                                       share_prefill=share_prefill, prefix_cache_mib=prefix_cache_mib)
+                                       share_prefill=share_prefill, prefix_cache_mib=prefix_cache_mib,
+                                       continuous_batching=continuous_batching)
 
 
 def _router(policy: Literal["round-robin", "least-loaded"]) -> RouterFactory:

@@ -91,6 +91,10 @@ class RolloutSection(Section, frozen=True):
     ``policy``, ``discovery``): a key it does not declare is an error."""
     group_size: int = 8
     """Samples per prompt (G): the group whose rewards give the advantages."""
+    group_calls: bool = True
+    """Send a group's samples of one prompt, started together, to one engine in one call (one
+    request and stream instead of G; the engine prefills the prompt once). False: one call per
+    sample (the baseline ``benchmarks/overhead.py`` measures group calls against)."""
     max_concurrent_groups: int = 16
     max_ahead_groups: int = 32
     """Groups the fleet may run ahead of the trainer (back-pressure; see relayrl.rollout.manager)."""

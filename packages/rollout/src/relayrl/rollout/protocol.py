@@ -6,6 +6,11 @@ for every token, its logprob under the truncated distribution actually sampled f
 version of the weights that produced it, and its kept-set. :func:`collect_span` folds a stream
 into a :class:`relayrl.core.wire.GeneratedSpan`, the record the trainer replays.
 
+A group call (:meth:`InferenceEngine.stream_group`) carries several requests at once, a group's
+samples of one prompt: one call (one HTTP request, one stream) instead of one per sample, and the
+engine sees them together (the torch engine prefills their shared prompt once). Its events are
+``(index, event)`` pairs, each index's events exactly those its request alone would stream.
+
 An engine that takes weight updates while it serves says how, with :meth:`InferenceEngine.weight_adapter`:
 relayrl-weight-sync's :class:`~relayrl.weight_sync.EngineAdapter`, the one protocol a weight
 controller drives (weight-sync owns it).
@@ -14,7 +19,9 @@ controller drives (weight-sync owns it).
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Iterable
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -24,7 +31,8 @@ from relayrl.core.wire import ExpertRouting, GeneratedSpan
 if TYPE_CHECKING:
     from relayrl.weight_sync import EngineAdapter
 
-__all__ = ["EngineDied", "GenerateRequest", "InferenceEngine", "SamplingParams", "StreamEvent", "collect_span"]
+__all__ = ["EngineDied", "GenerateRequest", "InferenceEngine", "SamplingParams", "StreamEvent", "closing",
+           "collect_span", "merge_streams"]
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True):
@@ -88,6 +96,16 @@ class InferenceEngine(abc.ABC):
         Raises :class:`EngineDied` if the engine goes away mid-stream.
         """
 
+    def stream_group(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[tuple[int, StreamEvent]]:
+        """Generate for several requests in one call, yielding ``(index into requests, event)`` as tokens
+        are sampled; each index's events are what :meth:`stream` would yield for its request alone.
+
+        Raises :class:`EngineDied` if the engine goes away: the requests whose last event was not
+        yielded are the ones cut off (a caller resumes those). The default runs the requests' own
+        streams concurrently; engines that can serve a group in one call override it.
+        """
+        return merge_streams([self.stream(request) for request in requests])
+
     async def generate(self, request: GenerateRequest) -> GeneratedSpan:
         """The whole generation as one span."""
         return collect_span([event async for event in self.stream(request)])
@@ -108,6 +126,57 @@ class InferenceEngine(abc.ABC):
         :class:`~relayrl.weight_sync.ShadowAdapter` over themselves. Called once per controller.
         """
         return None
+
+
+@contextlib.asynccontextmanager
+async def closing(stream: AsyncIterator[Any]) -> AsyncIterator[AsyncIterator[Any]]:
+    """``stream``, closed (``aclose``, which an engine's async-generator ``stream`` has) when the block
+    ends, even when its consumer stopped before the stream's end."""
+    try:
+        yield stream
+    finally:
+        close = getattr(stream, "aclose", None)  # an AsyncIterator need not be a generator
+        if close is not None:
+            await close()
+
+
+async def merge_streams(streams: Sequence[AsyncIterator[StreamEvent]]) -> AsyncIterator[tuple[int, StreamEvent]]:
+    """Run ``streams`` concurrently, yielding ``(index, event)`` in arrival order.
+
+    A stream that fails does not stop the others: once every other stream has ended, the first
+    failure is raised (an :class:`EngineDied` then cuts off only the requests that did not finish).
+    Closing the merged stream early closes every stream.
+    """
+    queue: asyncio.Queue[tuple[int, StreamEvent | BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[StreamEvent]) -> None:
+        try:
+            async with closing(stream) as events:
+                async for event in events:
+                    queue.put_nowait((index, event))
+        except Exception as exc:  # handed to the consumer, raised there
+            queue.put_nowait((index, exc))
+        finally:
+            queue.put_nowait((index, None))
+
+    pumps = [asyncio.ensure_future(pump(index, stream)) for index, stream in enumerate(streams)]
+    failure: BaseException | None = None
+    try:
+        running = len(pumps)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                failure = failure or item
+            else:
+                yield index, item
+        if failure is not None:
+            raise failure
+    finally:
+        for job in pumps:
+            job.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
 
 
 def collect_span(events: Iterable[StreamEvent]) -> GeneratedSpan:

@@ -74,7 +74,7 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
                             max_kept=sampling.max_kept, routing_from=0)
     bus = layout.bus(config)
     training, held_out = split_tasks(environment)  # the scheduler never sees a held-out task
-    proxy = TokenRecordingProxy(router)
+    proxy = TokenRecordingProxy(router, group_calls=section.group_calls)
 
     async def served_version() -> int:
         """The oldest weight version a live engine serves (the synchronous mode waits for the trainer's)."""

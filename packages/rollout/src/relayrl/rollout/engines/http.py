@@ -8,6 +8,10 @@ Endpoints (aiohttp):
     per event: the torch engine coalesces for a consumer that lags and, with ``stream_interval_s``,
     at most that often); the last one has ``finish_reason``. This is the token-level API the
     rollout side uses.
+``POST /generate_group``
+    Body: a JSON list of :class:`GenerateRequest` (a group's samples). Response: newline-delimited
+    JSON ``[index, event]`` pairs, the events of all of them on one stream
+    (:meth:`InferenceEngine.stream_group`).
 ``POST /v1/completions``
     OpenAI-compatible completions (``prompt`` as text or token ids, ``max_tokens``,
     ``temperature``, ``top_p``, ``seed``, ``stream``) for pointing other tools at an engine. Needs a
@@ -29,20 +33,22 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import aiohttp
 import msgspec
 from aiohttp import web
 
-from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, SamplingParams, StreamEvent
+from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, SamplingParams, StreamEvent, closing
 
 __all__ = ["HttpEngine", "build_app", "main"]
 
 _encoder = msgspec.json.Encoder()
 _event_decoder = msgspec.json.Decoder(StreamEvent)
 _request_decoder = msgspec.json.Decoder(GenerateRequest)
+_group_decoder = msgspec.json.Decoder(list[GenerateRequest])
+_group_event_decoder = msgspec.json.Decoder(tuple[int, StreamEvent])
 
 
 def build_app(engine: InferenceEngine, *, tokenizer: Any = None, model_name: str = "relayrl",
@@ -59,6 +65,20 @@ def build_app(engine: InferenceEngine, *, tokenizer: Any = None, model_name: str
         await response.prepare(request)
         async for event in engine.stream(payload):
             await response.write(_encoder.encode(event) + b"\n")
+        await response.write_eof()
+        return response
+
+    async def generate_group(request: web.Request) -> web.StreamResponse:
+        try:
+            payload = _group_decoder.decode(await request.read())
+        except msgspec.DecodeError as exc:
+            raise web.HTTPBadRequest(text=f"invalid generate_group request: {exc}") from None
+        if not payload:
+            raise web.HTTPBadRequest(text="generate_group: no requests")
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        async for pair in engine.stream_group(payload):
+            await response.write(_encoder.encode(pair) + b"\n")
         await response.write_eof()
         return response
 
@@ -114,6 +134,7 @@ def build_app(engine: InferenceEngine, *, tokenizer: Any = None, model_name: str
         return web.json_response(report)
 
     app.router.add_post("/generate", generate)
+    app.router.add_post("/generate_group", generate_group)
     app.router.add_post("/v1/completions", completions)
     app.router.add_get("/health", health)
     return app
@@ -144,28 +165,40 @@ class HttpEngine(InferenceEngine):
         return self._session
 
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
-        finished = False
+        async with closing(self._post("/generate", _encoder.encode(request), request.request_id, 1)) as pairs:
+            async for _, event in pairs:
+                yield event
+
+    def stream_group(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[tuple[int, StreamEvent]]:
+        """One ``POST /generate_group`` for all of ``requests``."""
+        return self._post("/generate_group", _encoder.encode(list(requests)), requests[0].request_id, len(requests))
+
+    async def _post(self, path: str, body: bytes, request_id: str, count: int) -> AsyncIterator[tuple[int, StreamEvent]]:
+        """Stream the ``count`` requests of ``body`` from ``path``: ``(index, event)`` until each has its last
+        event; a connection that fails or ends before that is :class:`EngineDied`."""
+        unfinished = count
+        grouped = path == "/generate_group"
         try:
-            async with self._client().post(f"{self.url}/generate", data=_encoder.encode(request)) as response:
+            async with self._client().post(f"{self.url}{path}", data=body) as response:
                 if response.status != 200:
                     text = await response.text()
                     if response.status >= 500:
                         raise EngineDied(f"engine {self.engine_id}: HTTP {response.status}: {text[:200]}")
-                    raise ValueError(f"engine {self.engine_id} refused request {request.request_id}: "
+                    raise ValueError(f"engine {self.engine_id} refused request {request_id}: "
                                      f"HTTP {response.status}: {text[:200]}")
                 async for line in response.content:
                     if not line.strip():
                         continue
-                    event = _event_decoder.decode(line)
-                    yield event
+                    index, event = _group_event_decoder.decode(line) if grouped else (0, _event_decoder.decode(line))
                     if event.finish_reason is not None:
-                        finished = True
+                        unfinished -= 1
+                    yield index, event
+                    if not unfinished:
                         return
         except (aiohttp.ClientError, ConnectionError, asyncio.TimeoutError) as exc:
-            raise EngineDied(f"engine {self.engine_id} failed during request {request.request_id}: "
+            raise EngineDied(f"engine {self.engine_id} failed during request {request_id}: "
                              f"{type(exc).__name__}: {exc}") from exc
-        if not finished:
-            raise EngineDied(f"engine {self.engine_id} closed the stream of {request.request_id} before it finished")
+        raise EngineDied(f"engine {self.engine_id} closed the stream of {request_id} before it finished")
 
     async def health(self) -> dict[str, Any]:
         try:

@@ -48,7 +48,7 @@ import itertools
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,7 @@ import torch
 from relayrl.algo.routing import RoutingCapture, moe_routers
 from relayrl.algo.sampling import sample_tokens
 from relayrl.core.wire import ExpertRouting
-from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, StreamEvent
+from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, StreamEvent, closing
 from relayrl.weight_sync import StateDictAdapter
 
 __all__ = ["TorchEngine", "TorchEngineAdapter"]
@@ -67,7 +67,10 @@ __all__ = ["TorchEngine", "TorchEngineAdapter"]
 class _Pending:
     request: GenerateRequest
     loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[StreamEvent | BaseException]
+    queue: asyncio.Queue[tuple[int, StreamEvent | BaseException]]
+    """The call's queue (a group call's requests share one), items tagged with :attr:`index`."""
+    index: int = 0
+    """The request's index in its call."""
     cancelled: bool = False
     """The consumer stopped listening (closed the stream, or its event loop ended): stop generating."""
     delivering: bool = False
@@ -88,7 +91,7 @@ class _Pending:
         if self.cancelled:
             return
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (self.index, item))
         except RuntimeError:  # the consumer's event loop is closed
             self.cancelled = True
 
@@ -129,7 +132,7 @@ def _deliver(items: list[tuple[_Pending, StreamEvent]]) -> None:
     """Runs in a consumer's event loop: hands each event to its stream (one call per loop per decode step)."""
     for pending, event in items:
         pending.delivering = False
-        pending.queue.put_nowait(event)
+        pending.queue.put_nowait((pending.index, event))
 
 
 @dataclasses.dataclass
@@ -291,33 +294,43 @@ class TorchEngine(InferenceEngine):
 
     # ------------------------------------------------------------------ generation
     async def stream(self, request: GenerateRequest) -> AsyncIterator[StreamEvent]:
-        if not request.prompt:
-            raise ValueError(f"request {request.request_id}: empty prompt")
-        pending = _Pending(request, asyncio.get_running_loop(), asyncio.Queue())
+        async with closing(self.stream_group([request])) as events:
+            async for _, event in events:
+                yield event
+
+    async def stream_group(self, requests: Sequence[GenerateRequest]) -> AsyncIterator[tuple[int, StreamEvent]]:
+        """The requests join the waiting queue together, so they are admitted together (as far as
+        ``max_batch`` allows) and a shared prompt is prefilled once; their events share one queue."""
+        for request in requests:
+            if not request.prompt:
+                raise ValueError(f"request {request.request_id}: empty prompt")
+        queue: asyncio.Queue[tuple[int, StreamEvent | BaseException]] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        pendings = [_Pending(request, loop, queue, index=index) for index, request in enumerate(requests)]
         with self._condition:
             if self._closed:
                 raise RuntimeError(f"engine {self.engine_id} is closed")
-            self._waiting.append(pending)
+            self._waiting.extend(pendings)
             self._condition.notify()
-        finished = False
+        unfinished = set(range(len(pendings)))
         try:
-            while True:
-                item = await pending.queue.get()
+            while unfinished:
+                index, item = await queue.get()
                 if isinstance(item, BaseException):
-                    finished = True
+                    unfinished.discard(index)  # the engine already let it go
                     raise item
                 # Finished before the last event is yielded: a consumer that stops iterating once it has
                 # it (the engine server does) has not abandoned the request, whose prefix is still kept.
-                finished = item.finish_reason is not None
-                yield item
-                if finished:
-                    return
+                if item.finish_reason is not None:
+                    unfinished.discard(index)
+                yield index, item
         finally:
-            if not finished:  # abandoned mid-stream: free its batch row
-                pending.cancelled = True
+            if unfinished:  # abandoned mid-stream: free their batch rows
                 with self._condition:
-                    if pending in self._waiting:
-                        self._waiting.remove(pending)
+                    for index in unfinished:
+                        pendings[index].cancelled = True
+                        if pendings[index] in self._waiting:
+                            self._waiting.remove(pendings[index])
 
     def _work(self) -> None:
         torch.set_grad_enabled(False)

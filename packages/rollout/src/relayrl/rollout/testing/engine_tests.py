@@ -30,7 +30,7 @@ import torch
 from relayrl.algo.routing import RoutingCapture, moe_routers, recorded_routing
 from relayrl.algo.sampling import KeptSets, replay_logprobs
 from relayrl.core.wire import GeneratedSpan
-from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams
+from relayrl.rollout.protocol import GenerateRequest, InferenceEngine, SamplingParams, collect_span
 from relayrl.weight_sync import EngineAdapter
 from relayrl.weight_sync.bits import bits_view
 
@@ -181,6 +181,29 @@ class EngineTests:
         finished, late = run(arriving_late())
         assert finished == ["short", "long"], "the late request waited for the running request to finish"
         assert list(late.token_ids()) == list(alone.token_ids())
+
+    def test_a_group_call_streams_each_request_as_it_would_alone(self, engine, reference_model) -> None:
+        """``stream_group``: a group's samples (one prompt, their own seeds) and another prompt in one call;
+        each index gets exactly its request's stream: the tokens it gets alone, one last event, and the
+        logprobs the trainer's replay expects."""
+        requests = [request(2, seed=30 + index, max_tokens=10, top_p=0.9) for index in range(3)]
+        requests.append(request(1, seed=40, max_tokens=6))
+        alone = [run(engine.generate(one)) for one in requests]
+
+        async def grouped():
+            events: dict[int, list] = {index: [] for index in range(len(requests))}
+            async for index, event in engine.stream_group(requests):
+                events[index].append(event)
+            return events
+
+        events = run(grouped())
+        for index, one in enumerate(requests):
+            assert [event.finish_reason is not None for event in events[index]].count(True) == 1
+            assert events[index][-1].finish_reason is not None, f"request {index}: events after its last"
+            span = collect_span(events[index])
+            assert list(span.token_ids()) == list(alone[index].token_ids()), f"request {index} differs in the group"
+            torch.testing.assert_close(recorded(span), replayed(reference_model, one.prompt, span, 1.0),
+                                       atol=self.logprob_atol, rtol=0)
 
     def test_a_next_turn_samples_as_from_its_whole_context(self, engine, reference_model) -> None:
         """Multi-turn: the next turn's prompt extends the last one (context, answer, tool result). An engine

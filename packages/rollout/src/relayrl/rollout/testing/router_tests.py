@@ -14,7 +14,14 @@ from collections.abc import AsyncIterator
 import pytest
 
 from relayrl.rollout.engines.torch_engine import TorchEngine
-from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, SamplingParams, StreamEvent
+from relayrl.rollout.protocol import (
+    EngineDied,
+    GenerateRequest,
+    InferenceEngine,
+    SamplingParams,
+    StreamEvent,
+    collect_span,
+)
 from relayrl.rollout.testing.models import tiny_llama
 
 
@@ -95,6 +102,24 @@ class RouterTests:
         router = make_router([dying, FailingEngine(engines[1], fail_after_tokens=3)])
         with pytest.raises(EngineDied):
             asyncio.run(router.generate(_request(0, max_tokens=20)))
+        asyncio.run(router.close())
+
+    def test_a_group_call_gives_each_request_its_own_tokens(self, make_router) -> None:
+        engines = _engines(2)
+        router = make_router(engines)
+        requests = [_request(index) for index in range(4)]
+
+        async def grouped():
+            events: dict[int, list[StreamEvent]] = {index: [] for index in range(len(requests))}
+            async for index, event in router.stream_group(requests):
+                events[index].append(event)
+            return events
+
+        events = asyncio.run(grouped())
+        alone = [asyncio.run(router.generate(request)) for request in requests]
+        for index in range(len(requests)):
+            span = collect_span(events[index])
+            assert list(span.token_ids()) == list(alone[index].token_ids()) and span.finish_reason == "length"
         asyncio.run(router.close())
 
     def test_dead_engines_are_skipped_after_a_failure(self, make_router) -> None:
