@@ -118,3 +118,20 @@ def test_a_run_directory_deleted_under_a_running_run_stops_it_and_says_so(tmp_pa
             run.kill()
     assert run.returncode not in (0, None)
     assert f"the run directory {run_dir} was deleted" in stderr.strip().splitlines()[-1], stderr[-2000:]
+
+
+def test_the_synchronous_mode_polls_every_hand_over_at_its_own_interval():
+    """Generation and training alternate: the trainer's buffer poll and the engines' manifest poll are
+    idle time of the whole run, so the synchronous mode lowers both (a lower value the user set stays)."""
+    from relayrl.cli.run_cmd import _synchronous_polls
+    from relayrl.core.config import load_config
+    from relayrl.rollout.config import SYNCHRONOUS_POLL_S
+
+    config = Path(__file__).resolve().parents[3] / "examples" / "quickstart.toml"
+    assert _synchronous_polls(load_config(config)) == []
+    synchronous = load_config(config, overrides=["rollout.synchronous=true"])
+    polls = _synchronous_polls(synchronous)
+    assert polls == [f"buffer.poll_interval_s={SYNCHRONOUS_POLL_S}", f"weight_sync.poll_interval_s={SYNCHRONOUS_POLL_S}"]
+    lowered = load_config(config, overrides=["rollout.synchronous=true", *polls])
+    assert lowered.buffer.poll_interval_s == lowered.weight_sync.poll_interval_s == SYNCHRONOUS_POLL_S
+    assert _synchronous_polls(lowered) == []

@@ -208,12 +208,57 @@ def test_synchronous_mode_generates_one_batch_with_the_trainers_weights_then_wai
         await runner
 
     asyncio.run(scenario())
-    # Exactly one batch (the zero-variance group replaced, nothing more), committed whole; no group
-    # while the engine serves older weights than the trainer's; then exactly the next batch.
-    assert seen == [(3, 4, 3), (3, 4), (6, 7)]  # and stop() ended it cleanly, with the next batch in flight
+    # Exactly one batch (the zero-variance group replaced), committed whole; no group while the engine
+    # serves older weights than the trainer's; then exactly the next batch (started over-provisioned for
+    # the zero-variance share seen so far: a surplus group is dropped, never committed).
+    assert seen[:2] == [(3, 4, 3), (3, 4)] and seen[2][0] == 6   # and stop() ended it cleanly
     segments = [codec.decode_compressed(store.get(key), wire.RolloutSegment, what=key) for key in store.list("rollouts/")]
     versions = [group.trajectories[0].policy_version_range() for segment in segments for group in segment.groups]
     assert versions == [(1, 1)] * 3 + [(2, 2)] * 3  # every group sampled by the trainer's current weights
+
+
+def test_synchronous_mode_puts_the_whole_batch_in_flight_for_the_share_it_will_commit(tmp_path):
+    """Half the groups tie (zero variance, not committed): once that share is known a batch of 4 starts
+    about 8 groups at once (one round of generation, not several), and commits exactly 4."""
+
+    class HalfTie(IndexGrader):
+        def __init__(self) -> None:
+            self.graded, self.running, self.most_running = 0, 0, 0
+
+        async def grade(self, task, trajectories, answers):
+            self.running += 1
+            self.most_running = max(self.most_running, self.running)
+            await asyncio.sleep(0.05)
+            self.running -= 1
+            self.graded += 1
+            if self.graded % 2:
+                return [with_rewards(t, 1.0, success=1.0) for t in trajectories]
+            return await super().grade(task, trajectories, answers)
+
+    store = open_store(str(tmp_path / "bus"))
+    grader = HalfTie()
+    manager = RolloutManager(scheduler=PromptScheduler([TaskSpec(task_id="t", instruction="q")], seed=0),
+                             harness=SingleTurn(), proxy=TokenRecordingProxy(ScriptedEngine(["a"] * 1000, "unused")),
+                             chat=CHAT, sampling=SamplingParams(), grader=grader,
+                             writer=SegmentWriter(store, "rollout-h", groups_per_segment=8), store=store,
+                             group_size=2, max_concurrent_groups=16, progress_poll_s=0.01, skip_zero_variance=True,
+                             synchronous_batch=4)
+
+    async def scenario():
+        runner = asyncio.create_task(manager.run())
+        for step in range(1, 4):
+            while manager.committed_groups < 4 * step:
+                await asyncio.sleep(0.01)
+            grader.most_running = 0
+            write_progress(store, Progress(step=step, version=0, consumed={"rollout-h": 4 * step}))
+        while manager.committed_groups < 16:
+            await asyncio.sleep(0.01)
+        manager.stop()
+        await runner
+
+    asyncio.run(scenario())
+    assert manager.committed_groups == 16 and Buffer(store).poll() is not None
+    assert grader.most_running >= 7, f"only {grader.most_running} groups graded at once for a batch of 4 at half ties"
 
 
 def test_synchronous_mode_stops_cleanly_with_a_batch_in_flight(tmp_path):

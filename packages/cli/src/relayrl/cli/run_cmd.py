@@ -65,6 +65,11 @@ def run(args: argparse.Namespace) -> int:
         elif layout.exists():
             raise ConfigError(f"{layout.root} already holds a run: continue it with --resume {layout.root}, "
                               "or choose another --run-dir")
+    polls = _synchronous_polls(config)
+    if polls:
+        config = (layout.load_config(overrides=[*overrides, *polls], pm=pm) if args.resume
+                  else load_config(args.config, overrides=[*overrides, f"store.url={json.dumps(config.store.url)}", *polls],
+                                   pm=pm))
     _preflight(config, pm)
     problem = _bus_problem(layout, config)
     if problem:
@@ -211,3 +216,16 @@ def _report(run_dir: Path) -> None:
     print(f"report: {report.html_path}")
     for key, value in report.summary.items():
         print(f"  {key.replace('_', ' ')}: {value}")
+
+
+def _synchronous_polls(config: Any) -> list[str]:
+    """Overrides that lower the trainer's buffer poll and the engines' manifest poll to
+    ``SYNCHRONOUS_POLL_S`` in ``[rollout] synchronous`` mode (generation and training alternate, so every
+    poll interval is idle time of the whole run); none otherwise."""
+    from relayrl.rollout.config import SYNCHRONOUS_POLL_S
+
+    if not config.rollout.synchronous:
+        return []
+    return [f"{key}={SYNCHRONOUS_POLL_S}" for key, value in (("buffer.poll_interval_s", config.buffer.poll_interval_s),
+                                                              ("weight_sync.poll_interval_s", config.weight_sync.poll_interval_s))
+            if value > SYNCHRONOUS_POLL_S]

@@ -57,6 +57,12 @@ MAX_CONCURRENT_GROUPS = 4096
 """The most groups ``[rollout] max_concurrent_groups`` keeps in flight at once."""
 
 
+SYNCHRONOUS_POLL_S = 0.01
+"""How often every hand-over is polled in ``[rollout] synchronous`` mode (the batch to the trainer, its
+weights to the engines, its progress to the fleet): generation and training alternate, so each poll
+interval is idle time of the whole run."""
+
+
 class RolloutSection(Section, frozen=True):
     """``[rollout]``: engines, router, harness and environment of the rollout fleet."""
 
@@ -102,7 +108,9 @@ class RolloutSection(Section, frozen=True):
     """The synchronous baseline: generate one batch (``buffer.batch_groups`` groups) with the trainer's
     current weights, wait for the trainer to train on it and for the engines to serve its new weights,
     repeat. For measuring what asynchrony gains (``benchmarks/async_vs_sync.py``); see
-    relayrl.rollout.manager. ``max_ahead_groups`` does not apply."""
+    relayrl.rollout.manager. ``max_ahead_groups`` does not apply. ``relayrl run`` polls every
+    hand-over every ``SYNCHRONOUS_POLL_S`` (10 ms) in this mode (``buffer.poll_interval_s`` and
+    ``weight_sync.poll_interval_s`` are lowered to it)."""
     skip_zero_variance: bool = True
     """Do not commit groups whose samples all earned the same reward (no signal); they are still counted."""
     producer_id: str = "rollout-0"

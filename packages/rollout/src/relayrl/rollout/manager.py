@@ -15,9 +15,14 @@ segment (a partial one), so that every group it counts as ahead is visible to th
 which asynchrony is measured. The fleet generates exactly one batch with the weights the trainer
 holds, then waits until the trainer has trained on it and every engine serves the weights it
 published, and only then starts the next batch: generation and training alternate, every group is
-sampled by the trainer's current policy (staleness 0), and nothing generated goes to waste. It
-starts only as many groups as the batch still lacks (a zero-variance group that is not committed is
-replaced), so no surplus group is left over to go stale.
+sampled by the trainer's current policy (staleness 0). It is the baseline a careful engineer would
+write with these parts, not a handicapped one: the whole batch is in flight at once, over-provisioned
+for the groups that will not be committed (zero-variance ones, at the share seen so far in the run),
+up to ``max_concurrent_groups``, so a batch is usually one round of generation, not several. Once the
+batch is full, no more groups are committed: the ones still running are cancelled and the ones that
+finish later are dropped (``fleet/sync_surplus_groups``), since they would be trained a version
+late. ``relayrl run`` polls every hand-over (the batch to the trainer, its weights to the engines,
+its progress to the fleet) every 10 ms in this mode.
 
 **Zero-variance groups.** A group whose samples all earned the same reward has zero advantage
 everywhere: no learning signal. With ``skip_zero_variance`` the manager does not commit it (early in
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
 import sys
 import time
@@ -96,6 +102,10 @@ class RolloutManager:
         self.skipped_groups = 0
         self.failed_groups = 0
         """Groups lost to an error (an engine, a tool, the grader): each is replaced by another."""
+        self.surplus_groups = 0
+        """Synchronous mode: groups graded after their batch was full (dropped) or cancelled running."""
+        self._batch_room: int | None = None
+        """Synchronous mode: groups the current batch may still commit (None: no limit)."""
         self._failure_reported_at = -float("inf")
         self.reward_sum = 0.0
         self.reward_count = 0
@@ -141,10 +151,20 @@ class RolloutManager:
             self.skipped_groups += 1
             self.generated_tokens += sum(trajectory.num_generated_tokens for trajectory in group.trajectories)
             return group
-        async with self._commit_lock:
-            await asyncio.get_running_loop().run_in_executor(None, self.writer.add, group)
-            self.committed_groups += 1
-            self.generated_tokens += sum(trajectory.num_generated_tokens for trajectory in group.trajectories)
+        if self._batch_room is not None:  # synchronous: the batch is full; this group would be a version late
+            if self._batch_room <= 0:
+                self.surplus_groups += 1
+                return group
+            self._batch_room -= 1
+        try:
+            async with self._commit_lock:
+                await asyncio.get_running_loop().run_in_executor(None, self.writer.add, group)
+                self.committed_groups += 1
+                self.generated_tokens += sum(trajectory.num_generated_tokens for trajectory in group.trajectories)
+        except BaseException:
+            if self._batch_room is not None:  # not committed: its place in the batch is free again
+                self._batch_room += 1
+            raise
         return group
 
     def _count_behaviour(self, group: Group) -> None:
@@ -246,30 +266,40 @@ class RolloutManager:
         in_flight: set[asyncio.Task[Any]] = self._tasks
         try:
             while not self._stopping.is_set() and (max_groups is None or started < max_groups):
-                missing = await self._wait_for_the_trainer()
-                committed_before = self.committed_groups
-                while not self._stopping.is_set():
-                    lacking = missing - (self.committed_groups - committed_before) - len(in_flight)
-                    while (lacking > 0 and len(in_flight) < self.max_concurrent_groups
-                           and (max_groups is None or started < max_groups)):
+                missing = self._batch_room = await self._wait_for_the_trainer()
+                full_at = self.committed_groups + missing
+                while not self._stopping.is_set() and self.committed_groups < full_at:
+                    # Enough in flight to fill the batch in one round at the share of groups committed so
+                    # far (zero-variance ones are not), within the fleet's concurrency. Room 0 with the
+                    # batch not full: the last groups are being committed.
+                    wanted = min(self.max_concurrent_groups, math.ceil(self._batch_room / self._commit_share()))
+                    while len(in_flight) < wanted and (max_groups is None or started < max_groups):
                         in_flight.add(asyncio.create_task(self.run_group(self.scheduler.next().task)))
                         started += 1
-                        lacking -= 1
                     if not in_flight:
                         break
                     done, _ = await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
                     for job in done:
                         in_flight.discard(job)
                         self._group_ended(job)
-                    if self.committed_groups - committed_before >= missing:
-                        break
+                self.surplus_groups += len(in_flight)
+                await self._cancel(in_flight)  # the batch is full: they would be trained a version late
                 await self._flush_open_segment()  # the whole batch, visible to the trainer at once
         finally:
-            for job in in_flight:
-                job.cancel()
-            await asyncio.gather(*in_flight, return_exceptions=True)
-            in_flight.clear()
+            self._batch_room = None
+            await self._cancel(in_flight)
             await asyncio.get_running_loop().run_in_executor(None, self.writer.flush)
+
+    def _commit_share(self) -> float:
+        """The share of graded groups committed so far (zero-variance ones are not), smoothed towards 1."""
+        return (self.committed_groups + 1) / (self.graded_groups + 1)
+
+    @staticmethod
+    async def _cancel(jobs: set[asyncio.Task[Any]]) -> None:
+        for job in jobs:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
+        jobs.clear()
 
     def _group_ended(self, job: asyncio.Task[Any]) -> None:
         """A group's task is done. One that failed is lost (another task replaces it): count it and say
@@ -307,6 +337,7 @@ class RolloutManager:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         return {"fleet/groups": float(self.committed_groups), "fleet/groups_graded": float(self.graded_groups),
                 "fleet/zero_variance_skipped": float(self.skipped_groups), "fleet/groups_failed": float(self.failed_groups),
+                **({"fleet/sync_surplus_groups": float(self.surplus_groups)} if self.synchronous_batch else {}),
                 "fleet/tokens_per_s": self.generated_tokens / elapsed, **self.scheduler.metrics()}
 
     def fleet_counters(self) -> FleetCounters:

@@ -35,7 +35,7 @@ from relayrl.cli.run.layout import RunLayout
 from relayrl.core.config import Config
 from relayrl.core.errors import StoreError
 from relayrl.core.plugins import PluginManager, get_plugin_manager
-from relayrl.rollout.config import build_environment, build_harness, build_router
+from relayrl.rollout.config import SYNCHRONOUS_POLL_S, build_environment, build_harness, build_router
 from relayrl.rollout.engines.http import HttpEngine
 from relayrl.rollout.evaluation import split_tasks
 from relayrl.rollout.manager import RolloutManager
@@ -87,7 +87,7 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
         grader=environment, writer=SegmentWriter.from_config(bus, section.producer_id, config.buffer), store=bus,
         tools=environment.tools, shapers=build_reward_shapers(config.algo, pm=pm), group_size=section.group_size,
         max_concurrent_groups=section.max_concurrent_groups, max_ahead_groups=section.max_ahead_groups,
-        progress_poll_s=0.1, skip_zero_variance=section.skip_zero_variance,
+        progress_poll_s=SYNCHRONOUS_POLL_S if section.synchronous else 0.1, skip_zero_variance=section.skip_zero_variance,
         zero_variance_tolerance=config.buffer.zero_variance_tolerance,
         synchronous_batch=config.buffer.batch_groups if section.synchronous else 0,
         # Engines a router discovers are not listed here: then only the trainer's progress is waited for.
