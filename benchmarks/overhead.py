@@ -11,6 +11,11 @@ sides), batches of 8 groups with reward variance.
   process, the bus, weight sync, checkpoints; asynchronous, as shipped.
 * ``relayrl, engine in process``: the same with ``rollout.engines_in_process = true``: the engine
   runs inside the rollout process (no HTTP between them; its own weight-sync controller).
+* ``relayrl, one call per sample``: as shipped but ``rollout.group_calls = false``: every sample is
+  its own request and stream (the lever group calls are measured against).
+* ``relayrl, synchronous``: ``rollout.synchronous = true``: generation and training alternate, every
+  group sampled by the trainer's current weights; compared by steps/s with the hand-written loop,
+  which alternates too.
 * ``hand-written``: what one writes for exactly this toy in one process: sample ``--sampler-batch``
   prompts x 8 at once with transformers' ``generate`` (the kept-set read from the top-p-warped
   scores), grade in-process with the reference scorer, keep the groups with reward variance, and
@@ -59,7 +64,11 @@ CONFIG = ROOT / "examples" / "quickstart.toml"
 # The sides compared, with the overrides of relayrl's runs: as shipped (the engine is a server process
 # that the rollout process streams from over HTTP), and with the engine inside the rollout process.
 SIDES: dict[str, list[str]] = {"relayrl": [], "relayrl, engine in process": ["--set", "rollout.engines_in_process=true"],
+                               "relayrl, one call per sample": ["--set", "rollout.group_calls=false"],
+                               "relayrl, synchronous": ["--set", "rollout.synchronous=true"],
                                "hand-written": []}
+SYNCHRONOUS_SIDES = ("relayrl, synchronous",)
+"""Sides that alternate generation and training as the hand-written loop does: their steps/s compare too."""
 
 
 # ------------------------------------------------------------------------------ the hand-written loop
@@ -383,6 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         theirs = results["hand-written"]
         per_seed.append({"seed": seed, "results": results, "ratios": {
             side: {"groups": results[side]["groups_per_s"] / max(theirs["groups_per_s"], 1e-9),
+                   "steps": results[side]["steps_per_s"] / max(theirs["steps_per_s"], 1e-9),
                    "time": (theirs["time_to_target_s"] / results[side]["time_to_target_s"]
                             if results[side]["time_to_target_s"] and theirs["time_to_target_s"] else None)}
             for side in sides if side != "hand-written"}})
@@ -394,6 +404,10 @@ def main(argv: list[str] | None = None) -> int:
         ratios = [entry["ratios"][side]["groups"] for entry in per_seed]
         lines.append(f"{side} / hand-written groups graded per second: {statistics.fmean(ratios):.2f}x "
                      f"({min(ratios):.2f}-{max(ratios):.2f}) over {len(per_seed)} seed(s).")
+        if side in SYNCHRONOUS_SIDES:
+            steps = [entry["ratios"][side]["steps"] for entry in per_seed]
+            lines.append(f"{side} / hand-written steps per second: {statistics.fmean(steps):.2f}x "
+                         f"({min(steps):.2f}-{max(steps):.2f}) over {len(per_seed)} seed(s).")
         times = [entry["ratios"][side]["time"] for entry in per_seed if entry["ratios"][side]["time"] is not None]
         if times:
             lines.append(f"Hand-written / {side} wall clock to a {args.target:g} success rate: "
