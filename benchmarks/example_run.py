@@ -1,8 +1,8 @@
 """An example run as a user starts it, timed and tabulated per tenth: what README and the docs quote.
 
 ``--example quickstart`` runs ``relayrl run examples/quickstart.toml``; ``--example agent`` runs
-``relayrl run examples/agent.toml``; ``--example moe`` runs ``relayrl run examples/moe.toml``. Once each (seed ``--seed``, the report included, as the README's
-command does), then renders from the run's ``metrics.jsonl``:
+``relayrl run examples/agent.toml``; ``--example moe`` runs ``relayrl run examples/moe.toml``. Once per seed (``--seeds``, the report included, as the README's
+command does), then renders the first seed's run from the run's ``metrics.jsonl``:
 
 * quickstart (docs/quickstart.md): wall time from the command to the report, start-up + warm-up,
   RL steps per second; per tenth of the steps the success rate (``reward/fleet_mean``: every graded
@@ -23,6 +23,8 @@ command does), then renders from the run's ``metrics.jsonl``:
 * moe (docs/algorithms.md): the quickstart's table with the share of token-layer pairs whose experts
   the fp32 trainer's own routers would have chosen differently from the bf16 engine's (replayed).
 
+With several seeds the headline gives every seed's first and last tenth, the mean change and its range.
+
 Writes ``benchmarks/results/example_run-<example>.json`` (the docs' table) and
 ``example_run-<example>-headline.json`` (the README's sentence).
 
@@ -31,7 +33,7 @@ single-submission demonstrations, the same steps: the seeds' single-turn against
 comparison. Its table ends with both runs' first and last tenths (the multi-turn run's from
 ``example_run-kernels.json``).
 
-Usage: ``python benchmarks/example_run.py [--example quickstart|agent|kernels|moe] [--variant NAME] [--seed 0] [--quick]``.
+Usage: ``python benchmarks/example_run.py [--example quickstart|agent|kernels|moe] [--variant NAME] [--seeds 0,1,2] [--quick]``.
 """
 
 from __future__ import annotations
@@ -282,11 +284,57 @@ def moe_markdown(records: list[dict[str, Any]], s: dict[str, Any]) -> tuple[str,
 RENDER = {"quickstart": quickstart_markdown, "agent": agent_markdown, "kernels": kernels_markdown, "moe": moe_markdown}
 
 
+HEADLINE_REWARD = {"quickstart": "reward/fleet_mean", "moe": "reward/fleet_mean",
+                   "agent": "reward/fleet_graded_mean", "kernels": "reward/fleet_graded_mean"}
+"""The reward a headline over seeds quotes: the success rate, or the grader's reward before shaping."""
+
+
+def headline_over_seeds(example: str, seeds: list[int], summaries: list[dict[str, Any]]) -> str:
+    """The README's sentence from several runs: every seed's first and last tenth, the mean change and
+    its range, the wall clock's range; a run whose reward went down is shown like any other."""
+    name = HEADLINE_REWARD[example]
+    what = "the success rate" if name == "reward/fleet_mean" else "the grader's reward"
+    runs, changes = [], []
+    for seed, summary in zip(seeds, summaries):
+        first, last = summary["first_tenth"][name], summary["last_tenth"][name]
+        runs.append(f"{num(first, '.2f')} -> {num(last, '.2f')} (seed {seed})")
+        if first is not None and last is not None:
+            changes.append(last - first)
+    walls = [summary["wall_s"] for summary in summaries]
+    steps = summaries[0]["steps"]
+    sentence = (f"Measured here on {len(seeds)} seeds, runs of {minutes(min(walls))} to {minutes(max(walls))} from the "
+                f"command to the report: {what} from the first to the last tenth of {steps} steps went "
+                f"{', '.join(runs)}")
+    if changes:
+        sentence += (f"; mean change {statistics.fmean(changes):+.2f} (range {min(changes):+.2f} to "
+                     f"{max(changes):+.2f})")
+    return sentence + "."
+
+
+def run_example(example: str, seed: int, overrides: list[str], quick: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """One ``relayrl run`` of the example as a user starts it (the report included); its records and summary."""
+    with tempfile.TemporaryDirectory(prefix=f"relayrl-{example}-") as folder:
+        run_dir = Path(folder) / "run"
+        command = [sys.executable, "-m", "relayrl.cli", "run", str(ROOT / "examples" / f"{example}.toml"),
+                   "--run-dir", str(run_dir), "--set", f"run.seed={seed}", *overrides, *(QUICK[example] if quick else [])]
+        started = time.time()
+        result = subprocess.run(command, capture_output=True, text=True, timeout=7200)
+        ended = time.time()
+        if result.returncode != 0:
+            raise SystemExit(f"the {example} run (seed {seed}) failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                             f"{result.stderr[-3000:]}")
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    if len(records) < 10:
+        raise SystemExit(f"seed {seed}: only {len(records)} steps recorded: a table of tenths needs 10")
+    return records, summarise(records, started, ended)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--example", choices=sorted(RENDER), default="quickstart")
     parser.add_argument("--variant", default=None, help="a variant of the example (VARIANTS), e.g. single-turn")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="comma-separated; the table is the first seed's run, the "
+                                                       "headline covers every seed")
     parser.add_argument("--quick", action="store_true", help="10 steps, a short warm-up, no results file")
     args = parser.parse_args(argv)
     variants = VARIANTS.get(args.example, {})
@@ -295,30 +343,22 @@ def main(argv: list[str] | None = None) -> int:
     overrides = variants.get(args.variant, []) if args.variant else []
     name = f"example_run-{args.example}" + (f"-{args.variant}" if args.variant else "")
     revision = commit()
-    with tempfile.TemporaryDirectory(prefix=f"relayrl-{args.example}-") as folder:
-        run_dir = Path(folder) / "run"
-        command = [sys.executable, "-m", "relayrl.cli", "run", str(ROOT / "examples" / f"{args.example}.toml"),
-                   "--run-dir", str(run_dir), "--set", f"run.seed={args.seed}", *overrides, *(QUICK[args.example] if args.quick else [])]
-        started = time.time()
-        result = subprocess.run(command, capture_output=True, text=True, timeout=7200)
-        ended = time.time()
-        if result.returncode != 0:
-            raise SystemExit(f"the {args.example} run failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
-                             f"{result.stderr[-3000:]}")
-        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    if len(records) < 10:
-        raise SystemExit(f"only {len(records)} steps recorded: a table of tenths needs 10")
-    summary = summarise(records, started, ended)
+    seeds = [int(seed) for seed in args.seeds.split(",")]
+    runs = [run_example(args.example, seed, overrides, args.quick) for seed in seeds]
+    records, summary = runs[0]
     markdown, headline = RENDER[args.example](records, summary)
+    if len(seeds) > 1:
+        markdown = f"The run of seed {seeds[0]}:\n\n{markdown}"
+        headline = headline_over_seeds(args.example, seeds, [summary for _, summary in runs])
     if args.variant:
         markdown += "\n\n" + compare_with_base(args.example, args.variant, summary)
     print(markdown)
     print()
     print(headline)
     if not args.quick:
+        data = {"seeds": seeds, "summaries": [summary for _, summary in runs], "seed": seeds[0], "summary": summary}
         for results_name, text in ((name, markdown), (f"{name}-headline", headline)):
-            path = write_results(results_name, command=command_line(argv), markdown=text, data={"seed": args.seed, "summary": summary},
-                                 revision=revision)
+            path = write_results(results_name, command=command_line(argv), markdown=text, data=data, revision=revision)
             print(f"wrote {path}")
     return 0
 

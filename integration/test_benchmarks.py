@@ -39,6 +39,11 @@ def test_engine_batching_benchmark_quick_mode_runs_both_levers():
     assert "Continuous / static" in out and "Prefill tokens per generated token cut" in out
 
 
+def test_agent_prefill_benchmark_quick_mode_runs_the_agent_example_with_and_without_the_levers():
+    out = run_quick("agent_prefill.py")
+    assert "as shipped" in out and "neither" in out and "neither / as shipped" in out
+
+
 def test_buffer_benchmark_quick_mode_runs_on_local_files_and_s3():
     out = run_quick("buffer.py")
     assert "local files" in out and "S3 (moto, loopback)" in out and "ingest / read" in out

@@ -369,3 +369,62 @@ def test_a_group_whose_grading_fails_is_counted_and_reported_and_the_fleet_goes_
     assert err.count("rollout: a group failed") == 1, err   # once per 10 s, not once per group
     assert "RuntimeError: cannot set up the sandbox" in err
     assert "exception was never retrieved" not in err
+
+
+class GroupCountingEngine(ScriptedEngine):
+    """A scripted engine that records the size of every group call it gets."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.group_sizes: list[int] = []
+
+    def stream_group(self, requests):
+        self.group_sizes.append(len(requests))
+        return super().stream_group(requests)
+
+
+def test_a_groups_samples_open_their_tools_first_and_send_their_first_turns_as_one_call(tmp_path):
+    """Sandboxes that take different times to open: every sample's tools open first, so the four first
+    turns (one prompt) still reach the engine as one group call."""
+    engine = GroupCountingEngine(["done"] * 8, "unused", per_trajectory=True)
+    opened = iter([0.04, 0.0, 0.02, 0.01])
+
+    @contextlib.asynccontextmanager
+    async def slow_tools(task):
+        await asyncio.sleep(next(opened))
+        yield RecordingTools()
+
+    manager = RolloutManager(
+        scheduler=PromptScheduler([TaskSpec(task_id="t", instruction="q")], seed=0),
+        harness=CodingAgent(AgentConfig(system_prompt="sys")), proxy=TokenRecordingProxy(engine), chat=CHAT,
+        sampling=SamplingParams(), grader=IndexGrader(),
+        writer=SegmentWriter(open_store(str(tmp_path / "bus")), "rollout-g", groups_per_segment=1),
+        tools=slow_tools, group_size=4, max_concurrent_groups=1)
+    asyncio.run(manager.run(max_groups=1))
+    assert engine.group_sizes == [4] and manager.committed_groups == 1
+
+
+def test_a_sandbox_that_fails_to_open_fails_its_group_and_closes_the_ones_that_opened(tmp_path):
+    states: list[str] = []
+    attempts = iter([None, RuntimeError("no sandbox for you"), None])
+
+    @contextlib.asynccontextmanager
+    async def tools(task):
+        failure = next(attempts)
+        await asyncio.sleep(0.01)
+        if failure is not None:
+            raise failure
+        states.append("open")
+        try:
+            yield RecordingTools()
+        finally:
+            states.append("closed")
+
+    manager = RolloutManager(
+        scheduler=PromptScheduler([TaskSpec(task_id="t", instruction="q")], seed=0), harness=SingleTurn(),
+        proxy=TokenRecordingProxy(ScriptedEngine(["a"] * 10, "unused")), chat=CHAT, sampling=SamplingParams(),
+        grader=IndexGrader(), writer=SegmentWriter(open_store(str(tmp_path / "bus")), "rollout-f", groups_per_segment=1),
+        tools=tools, group_size=3)
+    with pytest.raises(RuntimeError, match="no sandbox for you"):
+        asyncio.run(manager.run_group(TaskSpec(task_id="t", instruction="q")))
+    assert states == ["open", "open", "closed", "closed"]

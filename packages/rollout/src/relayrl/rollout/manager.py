@@ -125,14 +125,22 @@ class RolloutManager:
         """Run, grade, shape and commit one group for ``task``; return it."""
         group_id = f"{task.task_id}/{uuid.uuid4().hex[:12]}"
 
-        async def sample(index: int) -> tuple[Trajectory, str]:
-            async with self.tools(task) as tools:
-                trajectory = await self.harness.run(task, proxy=self.proxy, tools=tools, chat=self.chat,
-                                                    sampling=self.sampling, group_id=group_id, sample_index=index)
-                answer = await asyncio.to_thread(tools.final_answer) if tools is not None else ""
-                return trajectory, answer
+        async def sample(index: int, tools: ToolExecutor | None) -> tuple[Trajectory, str]:
+            trajectory = await self.harness.run(task, proxy=self.proxy, tools=tools, chat=self.chat,
+                                                sampling=self.sampling, group_id=group_id, sample_index=index)
+            answer = await asyncio.to_thread(tools.final_answer) if tools is not None else ""
+            return trajectory, answer
 
-        results = await asyncio.gather(*(sample(index) for index in range(self.group_size)))
+        async with contextlib.AsyncExitStack() as opened:
+            # Every sample's tools (its sandbox) open first, concurrently, so that the samples start
+            # together: their first turns, one prompt, reach the proxy in one turn of the event loop
+            # and go to the engine as one group call (the prompt prefilled once).
+            entered = await asyncio.gather(*(opened.enter_async_context(self.tools(task))
+                                             for _ in range(self.group_size)), return_exceptions=True)
+            failed = next((item for item in entered if isinstance(item, BaseException)), None)
+            if failed is not None:  # the ones that opened are closed by the stack
+                raise failed
+            results = await asyncio.gather(*(sample(index, tools) for index, tools in enumerate(entered)))
         graded = await self.grader.grade(task, [trajectory for trajectory, _ in results],
                                          [answer for _, answer in results])
         group = Group(group_id=group_id, task_id=task.task_id, trajectories=list(graded), created_at=time.time())
