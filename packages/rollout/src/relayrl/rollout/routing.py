@@ -188,10 +188,15 @@ class TokenRecordingProxy:
         if cut:
             if self.max_resumes < 1:
                 raise EngineDied(f"group of {requests[0].request_id}: {len(cut)} request(s) cut off, no resumes allowed")
-            async with asyncio.TaskGroup() as resumed:
-                for recording in cut:
-                    recording.resumes = 1
-                    resumed.create_task(self._complete(recording))
+            for recording in cut:
+                recording.resumes = 1
+            resumed = [asyncio.ensure_future(self._complete(recording)) for recording in cut]
+            try:
+                await asyncio.gather(*resumed)  # the first failure (an EngineDied past max_resumes) is raised
+            finally:
+                for job in resumed:
+                    job.cancel()
+                await asyncio.gather(*resumed, return_exceptions=True)
         return [recording.result() for recording in recordings]
 
     async def _complete(self, recording: _Recording, on_event: Callable[[StreamEvent], None] | None = None) -> ProxyResult:
