@@ -290,7 +290,8 @@ class RolloutManager:
                     for job in done:
                         in_flight.discard(job)
                         self._group_ended(job)
-                self.surplus_groups += len(in_flight)
+                if not self._stopping.is_set():
+                    self.surplus_groups += len(in_flight)
                 await self._cancel(in_flight)  # the batch is full: they would be trained a version late
                 await self._flush_open_segment()  # the whole batch, visible to the trainer at once
         finally:
