@@ -9,7 +9,7 @@ import torch
 
 from relayrl.rollout.engines.http import HttpEngine
 from relayrl.rollout.engines.torch_engine import TorchEngine
-from relayrl.rollout.protocol import EngineDied, GenerateRequest, SamplingParams
+from relayrl.rollout.protocol import EngineDied, GenerateRequest, InferenceEngine, SamplingParams
 from relayrl.rollout.routing import Router, TokenRecordingProxy
 from relayrl.rollout.testing import RouterTests, tiny_llama
 from relayrl.rollout.testing.engine_tests import recorded, replayed
@@ -103,7 +103,6 @@ def test_killing_an_engine_mid_batch_with_a_live_prefix_loses_nothing_the_proxy_
     """A trajectory's first turn leaves its prefix kept on engine A; its next turn reuses it there, batched
     with other requests, and A is SIGKILLed mid-generation: every request resumes on engine B (which has
     no prefix: a whole prefill) and every token is the one the reference model's replay expects."""
-    from transformers import AutoModelForCausalLM
 
     every_token = ("--engine-options", '{"stream_interval_s": 0}')
     servers = {name: engine_server_factory(name, *every_token) for name in ("engine-a", "engine-b")}
@@ -149,12 +148,7 @@ def test_killing_an_engine_mid_batch_with_a_live_prefix_loses_nothing_the_proxy_
     assert health_before_kill["running"] >= 2  # it was batched with another request when A died
     assert servers["engine-a"].process.poll() is not None
     assert results[0].engine_ids == ["engine-a", "engine-b"] and results[0].resumes == 1
-    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True).eval()
-    for request, result in zip(requests, results):
-        assert len(result.span) == 120 and result.span.finish_reason == "length"
-        torch.testing.assert_close(recorded(result.span), replayed(reference, request.prompt, result.span),
-                                   atol=2e-4, rtol=0)
-        result.span.check()
+    assert_every_token_replays(tiny_model_dir, requests, results, length=120)
     asyncio.run(router.close())
 
 
@@ -250,7 +244,6 @@ def test_killing_an_engine_process_mid_group_call_loses_nothing_the_proxy_cannot
                                                                                        tiny_model_dir):
     """A group call of 4 samples streams over HTTP from engine A, which is SIGKILLed mid-generation: each
     sample resumes alone on engine B, and every token matches the reference model's replay."""
-    from transformers import AutoModelForCausalLM
 
     every_token = ("--engine-options", '{"stream_interval_s": 0}')
     servers = {name: engine_server_factory(name, *every_token) for name in ("engine-a", "engine-b")}
@@ -259,30 +252,37 @@ def test_killing_an_engine_process_mid_group_call_loses_nothing_the_proxy_cannot
     requests = [GenerateRequest(request_id=f"g{index}", prompt=[1, 17, 23, 5],
                                 params=SamplingParams(max_tokens=120, top_p=0.9, seed=50 + index)) for index in range(4)]
 
-    class KillingRouter(Router):
-        """Kills engine A once it has streamed 20 tokens of the group."""
+    class KillingRouter(InferenceEngine):
+        """The router, except that engine A is SIGKILLed once the group has streamed 20 tokens."""
 
-        seen = 0
+        engine_id = "killing-router"
 
-        def stream_group(self, group):
-            async def watched():
-                async for index, event in router.stream_group(group):
-                    KillingRouter.seen += len(event.tokens)
-                    if KillingRouter.seen >= 20 and servers["engine-a"].process.poll() is None:
-                        servers["engine-a"].kill()
-                    yield index, event
-            return watched()
+        async def stream_group(self, group):
+            seen = 0
+            async for index, event in router.stream_group(group):
+                seen += len(event.tokens)
+                if seen >= 20 and servers["engine-a"].process.poll() is None:
+                    servers["engine-a"].kill()
+                yield index, event
 
-        def stream(self, request):
+        def stream(self, request):  # the resumed samples go through the router as they are
             return router.stream(request)
 
-    results = asyncio.run(TokenRecordingProxy(KillingRouter(engines)).generate_group(requests))
+    results = asyncio.run(TokenRecordingProxy(KillingRouter()).generate_group(requests))
     assert servers["engine-a"].process.poll() is not None
-    reference = AutoModelForCausalLM.from_pretrained(tiny_model_dir, local_files_only=True).eval()
     assert any(result.engine_ids == ["engine-a", "engine-b"] for result in results)
-    for request, result in zip(requests, results):
-        assert len(result.span) == 120 and result.span.finish_reason == "length"
+    assert_every_token_replays(tiny_model_dir, requests, results, length=120)
+    asyncio.run(router.close())
+
+
+def assert_every_token_replays(model_dir, requests, results, *, length: int) -> None:
+    """Every result ran its whole budget, and each token's recorded logprob is the reference model's
+    replay of it (whichever engine sampled it, resumed or not)."""
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
+    for request, result in zip(requests, results, strict=True):
+        assert len(result.span) == length and result.span.finish_reason == "length"
         torch.testing.assert_close(recorded(result.span), replayed(reference, request.prompt, result.span),
                                    atol=2e-4, rtol=0)
         result.span.check()
-    asyncio.run(router.close())

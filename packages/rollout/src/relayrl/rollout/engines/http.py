@@ -56,17 +56,21 @@ def build_app(engine: InferenceEngine, *, tokenizer: Any = None, model_name: str
     """An aiohttp application serving ``engine``; ``health_extra`` adds ``weight_sync`` to ``/health``."""
     app = web.Application()
 
+    async def ndjson(request: web.Request, items: AsyncIterator[Any]) -> web.StreamResponse:
+        """Write ``items`` to the response as newline-delimited JSON, as the engine hands them over."""
+        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+        await response.prepare(request)
+        async for item in items:
+            await response.write(_encoder.encode(item) + b"\n")
+        await response.write_eof()
+        return response
+
     async def generate(request: web.Request) -> web.StreamResponse:
         try:
             payload = _request_decoder.decode(await request.read())
         except msgspec.DecodeError as exc:
             raise web.HTTPBadRequest(text=f"invalid generate request: {exc}") from None
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
-        async for event in engine.stream(payload):
-            await response.write(_encoder.encode(event) + b"\n")
-        await response.write_eof()
-        return response
+        return await ndjson(request, engine.stream(payload))
 
     async def generate_group(request: web.Request) -> web.StreamResponse:
         try:
@@ -75,12 +79,7 @@ def build_app(engine: InferenceEngine, *, tokenizer: Any = None, model_name: str
             raise web.HTTPBadRequest(text=f"invalid generate_group request: {exc}") from None
         if not payload:
             raise web.HTTPBadRequest(text="generate_group: no requests")
-        response = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
-        await response.prepare(request)
-        async for pair in engine.stream_group(payload):
-            await response.write(_encoder.encode(pair) + b"\n")
-        await response.write_eof()
-        return response
+        return await ndjson(request, engine.stream_group(payload))
 
     async def completions(request: web.Request) -> web.StreamResponse:
         body = await request.json()
