@@ -149,6 +149,40 @@ def test_quickstart_pipeline_survives_an_engine_kill_then_stops_on_ctrl_c_and_re
     assert (report / "report.html").exists() and len(list(report.glob("*.png"))) >= 4
 
 
+def test_a_colocated_run_is_one_process_that_survives_a_sigkill_and_trains_every_group_exactly_once(tmp_path):
+    """``[rollout] colocate``: the launcher starts the trainer alone, which samples with an engine on its
+    own parameters (the engine follows every step without a weight delta) and grades in the sandbox.
+    SIGKILLed mid-run, it is restarted, resumes from its checkpoint, and the ledger checks out."""
+    from relayrl.cli.run.ledger import verify_run
+
+    run_dir = tmp_path / "run"
+    # The bus gets weights only every 4 steps (the engine follows every step in memory).
+    run = relayrl("run", str(QUICKSTART), "--run-dir", str(run_dir), "--steps", "10", "--no-report", *SHORT,
+                  "--set", "rollout.colocate=true", "--set", "weight_sync.publish_every_steps=4")
+    try:
+        wait_for(lambda: len(read_metrics(run_dir)) >= 3, 400, "three trainer steps", run)
+        children = json.loads((run_dir / "status" / "launcher.json").read_text())["children"]
+        os.kill(children["trainer"], signal.SIGKILL)
+        output, _ = run.communicate(timeout=600)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, output
+    assert list(children) == ["trainer"], children  # no engine server, no rollout process
+    kinds = [event.kind for event in load_events(run_dir)]
+    assert "restart" in kinds and "resumed" in kinds, kinds
+    records = read_metrics(run_dir)
+    assert [record["step"] for record in records][-1] == 10
+    # The engine served the trainer's versions as they were made, every step, not every 4th.
+    versions = [record["metrics"]["fleet/engine_version_min"] for record in records
+                if "fleet/engine_version_min" in record["metrics"]]
+    assert len(set(versions)) >= 5, versions
+    assert any(name.startswith("staleness/hist/") for record in records for name in record["metrics"])
+    assert max(record["metrics"].get("sandbox/graded_answers", 0) for record in records) > 0
+    check = verify_run(run_dir)
+    assert check.errors == [] and check.trained > 0, check
+
+
 def interrupt_in_phase(run: subprocess.Popen, run_dir: Path, phase: str, settle_s: float = 0.0) -> str:
     """Ctrl-C ``run`` once its trainer reports ``phase``; check it exits 130 with the trainer's own
     "stopped" status (a trainer the launcher had to kill writes nothing); return its output."""

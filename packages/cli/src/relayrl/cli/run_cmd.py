@@ -195,6 +195,11 @@ def _preflight(config: Any, pm: PluginManager | None) -> None:
 
     if not config.model.configured:
         raise ConfigError("model: set model.path (a model directory) or model.init (a fresh model's options)")
+    from relayrl.cli.run.colocate import colocation_problem
+
+    problem = colocation_problem(config)
+    if problem:
+        raise ConfigError(problem)
     if config.rollout.environment in ("countdown", "code"):
         from relayrl.sandbox.config import describe_protections, open_backend
 

@@ -86,6 +86,13 @@ class RolloutSection(Section, frozen=True):
     engines_in_process: bool = False
     """Run the engines inside the rollout process (no HTTP hop, one process less per engine); the
     default starts each as an engine server process that the launcher supervises."""
+    colocate: bool = False
+    """One machine, one process: the engine runs inside the trainer's process on the trainer's own
+    parameters (no second copy of the model, no weight delta: each optimiser step is the update, taken
+    while the engine pauses between two decode steps), and the rollout manager runs in a thread of it.
+    Needs the ``torch`` engine, one engine, the ``torch`` trainer backend with one rank, and the model's
+    dtype for serving. The bus still receives the weights every ``weight_sync.publish_every_steps``
+    steps (``relayrl eval RUN_DIR@VERSION`` reads them there); the process uses ``[trainer] threads``."""
     engine_threads: int = 1
     """torch threads per engine process."""
     max_batch: int = 128
@@ -147,6 +154,10 @@ class RolloutSection(Section, frozen=True):
                 raise ConfigError(f"{path}.{key}: must be at least 1")
         if self.group_size < 2:
             raise ConfigError(f"{path}.group_size: group advantages need at least 2 samples per prompt")
+        if self.colocate and (self.engine != "torch" or self.engines != 1 or self.engines_in_process):
+            raise ConfigError(f"{path}.colocate: runs one torch engine inside the trainer's process; it needs "
+                              f"engine = \"torch\" and engines = 1 and not engines_in_process (got engine = "
+                              f"{self.engine!r}, engines = {self.engines}, engines_in_process = {self.engines_in_process})")
         for key, most in (("group_size", MAX_GROUP_SIZE), ("max_concurrent_groups", MAX_CONCURRENT_GROUPS)):
             if getattr(self, key) > most:
                 raise ConfigError(f"{path}.{key}: at most {most} (got {getattr(self, key)}): every sample of every "

@@ -55,6 +55,10 @@ class TorchTrainer:
         self.optimizer, self.optimizer_report = build_optimizer(model, self.algo.optimizer)
         self.objective = BatchObjective(self.algo, entropy_coef=self.config.entropy_coef,
                                         entropy_metric_tokens=self.config.entropy_metric_tokens, pm=pm)
+        self.weight_guard: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+        """Entered around each change of the parameters (the optimiser step and the version bump): an
+        engine that shares these parameters (``[rollout] colocate``) pauses inside it, so every decode
+        step sees one version's weights whole."""
 
     def step(self, groups: Sequence[Group], *, weights: Sequence[float] | None = None) -> dict[str, float]:
         """Train on ``groups`` (one optimiser step; ``weights`` scale each group's advantages); return metrics."""
@@ -86,9 +90,10 @@ class TorchTrainer:
         metrics = {}
         if self.config.grad_clip > 0:
             metrics["grad/norm"] = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.grad_clip))
-        self.optimizer.step()
+        with self.weight_guard():
+            self.optimizer.step()
+            self.version += 1
         self.optimizer.zero_grad(set_to_none=True)
-        self.version += 1
         return metrics
 
     def named_full_state(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -101,9 +106,10 @@ class TorchTrainer:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(), "version": self.version}
 
     def load_state_dict(self, state: dict[str, object]) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.version = int(state["version"])
+        with self.weight_guard():
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.version = int(state["version"])
 
     def _compute_precision(self) -> contextlib.AbstractContextManager[Any]:
         """``torch.autocast`` to ``compute_dtype`` around a forward (its backward follows the same casts)."""

@@ -4,7 +4,9 @@ Order: the trainer first (it builds the model directory, runs the warm-up or rec
 and publishes the weights the fleet starts from); with ``[weight_sync] stage_url``, the node mirror
 that copies each version from the bus to that stage, which the engines read; then the engine
 servers, each built with the run's ``[weight_sync]`` section, each of which applies that published
-version before it reports ``READY``; then the rollout process over the engines' URLs. Every child runs in its own session (a terminal's Ctrl-C reaches only the launcher, which then
+version before it reports ``READY``; then the rollout process over the engines' URLs. With
+``[rollout] colocate`` the trainer process hosts the engine and the rollout manager itself
+(:mod:`relayrl.cli.run.colocate`): it is the only process, and its liveness includes its fleet's. Every child runs in its own session (a terminal's Ctrl-C reaches only the launcher, which then
 stops the children in order) and logs to ``<run_dir>/logs/<name>.log``; on Linux a child also gets
 SIGTERM if the launcher itself dies, so a killed launcher leaves no orphans.
 
@@ -469,12 +471,15 @@ class Launcher:
             self._wait_for_first_weights()
             if self.config.weight_sync.stage_url:  # the engines read the stage: fill it first
                 self.mirror = self._mirror_child()
-            # With engines_in_process the rollout process hosts the engines itself: no engine servers.
-            for index in range(0 if self.config.rollout.engines_in_process else self.config.rollout.engines):
+            # With engines_in_process the rollout process hosts the engines itself: no engine servers;
+            # with colocate the trainer hosts the engine and the rollout manager: no other process.
+            section = self.config.rollout
+            for index in range(0 if section.engines_in_process or section.colocate else section.engines):
                 child, url = self._start_engine(index)
                 self.engines.append(child)
                 self.engine_urls.append(url)
-            self.rollout = self._rollout_child()
+            if not section.colocate:
+                self.rollout = self._rollout_child()
             return self._supervise()
         except KeyboardInterrupt:
             if self.lost_lease is not None:
@@ -486,7 +491,7 @@ class Launcher:
             self.shutdown()
 
     def _supervise(self) -> int:
-        assert self.trainer is not None and self.rollout is not None
+        assert self.trainer is not None
         limit = self.config.rollout.max_restarts
         while True:
             self._tick()
@@ -496,7 +501,7 @@ class Launcher:
             if status == 0:
                 write_event(self.layout, "launcher", "finished", "the trainer finished")
                 return 0
-            for child in (self.trainer, self.rollout):
+            for child in (self.trainer, *([self.rollout] if self.rollout is not None else [])):
                 if child.poll() == EXIT_FENCED:  # restarting it would only be fenced again
                     raise RunFailed(f"{child.name} stopped: another writer holds this run's bus (a newer launcher, "
                                     f"or a trainer started by hand; see {child.log_path})")
@@ -510,6 +515,9 @@ class Launcher:
                     before = self.engine_urls[index]
                     self.engines[index] = self._restart(engine, limit, lambda i=index: self._revive_engine(i))
                     moved = moved or self.engine_urls[index] != before
+            if self.rollout is None:  # colocated: the trainer process is the whole fleet
+                time.sleep(0.5)
+                continue
             if moved and self.rollout.poll() is None:
                 # The rollout process knows the engines by address: start it again with the new ones (its
                 # producer continues its segment sequence, as after any restart of it).
@@ -562,8 +570,7 @@ class Launcher:
             return
         self._liveness_checked = now
         watched: list[tuple[Any, Callable[[], float | None]]] = [
-            (self.trainer, lambda: mtime(self.layout.status / "trainer.alive")),
-            (self.rollout, lambda: mtime(self.layout.status / "rollout.alive"))]
+            (self.trainer, self._trainer_sign), (self.rollout, lambda: mtime(self.layout.status / "rollout.alive"))]
         watched += [(engine, lambda url=url: time.time() if engine_answers(url) else None)
                     for engine, url in zip(self.engines, self.engine_urls)]
         for child, sign in watched:
@@ -585,6 +592,19 @@ class Launcher:
                 member.terminate()
             for member in members:
                 member.wait(5)  # SIGKILL after 5 s: a stopped process does not act on SIGTERM
+
+    def _trainer_sign(self) -> float | None:
+        """The trainer's last sign of life; colocated, the older of its loop's and its fleet thread's
+        (a hung fleet leaves the trainer waiting for batches forever), once the fleet has given one in
+        this trainer's life (it starts after the warm-up)."""
+        trainer = mtime(self.layout.status / "trainer.alive")
+        if not self.config.rollout.colocate or trainer is None:
+            return trainer
+        fleet = mtime(self.layout.status / "rollout.alive")
+        started = getattr(self.trainer, "liveness_first_seen", None)
+        if fleet is None or started is None or fleet < started:
+            return trainer
+        return min(trainer, fleet)
 
     def _full_disk_cause(self, status: int | None) -> str | None:
         """A process that exited on its own while the run directory's disk has no room died of it, even

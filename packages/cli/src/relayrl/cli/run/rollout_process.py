@@ -24,6 +24,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import sys
+import threading
 import time
 from typing import Any
 
@@ -48,7 +49,12 @@ from relayrl.rollout.weights import apply_timings
 __all__ = ["main", "run_rollout"]
 
 
-async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str], *, pm: PluginManager | None = None) -> None:
+async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str], *, pm: PluginManager | None = None,
+                      engines: list[Any] | None = None, stop: threading.Event | None = None) -> None:
+    """The fleet of a run until SIGTERM/SIGINT, or until ``stop`` is set when given (then no signal
+    handlers are installed: the rollout runs in a thread of another process, ``[rollout] colocate``).
+    ``engines``: engines built by the caller (else the engine servers at ``engine_urls``, or the
+    rollout's own with ``engines_in_process``)."""
     section = config.rollout
     # Sandbox work (creation, every tool call, grading) runs in threads that mostly wait on child
     # processes. asyncio's default pool has cpu_count + 4 of them: on a laptop, six tool calls at
@@ -60,7 +66,9 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
     tokenizer = load_tokenizer(layout.model_path(config))
     chat = make_chat_format(config.model, tokenizer)
     controllers: dict[str, Any] = {}  # engine id -> its weight controller, for engines hosted here
-    if section.engines_in_process:
+    if engines is not None:
+        router = build_router(section, engines, deployment=str(layout.root), pm=pm)
+    elif section.engines_in_process:
         engines = await in_process_engines(layout, config, pm=pm, controllers=controllers)
         router = build_router(section, engines, deployment=str(layout.root), pm=pm)
     else:
@@ -134,11 +142,18 @@ async def run_rollout(layout: RunLayout, config: Config, engine_urls: list[str],
             beat += 1
             await asyncio.sleep(0.25)
 
+    async def stop_when_asked(event: threading.Event) -> None:
+        while not event.is_set():
+            await asyncio.sleep(SYNCHRONOUS_POLL_S if section.synchronous else 0.1)
+        manager.stop()
+
     background = [asyncio.create_task(report())]
     if evaluator is not None:
         background.append(asyncio.create_task(evaluator.run()))
+    if stop is not None:
+        background.append(asyncio.create_task(stop_when_asked(stop)))
     try:
-        await manager.run(handle_signals=True)
+        await manager.run(handle_signals=stop is None)
     finally:
         for task in background:  # an evaluation in flight is dropped: nothing of it was recorded yet
             task.cancel()

@@ -78,6 +78,8 @@ class TrainerProcess:
         self.loop: TrainingLoop | None = None  # the leader's; other ranks only step and save their shard
         self.ranked: RankedLoop | None = None  # every rank's, once its backend is built
         self.hooks = RunHooks(self)
+        self.colocated: Any = None
+        """The rollout fleet on a thread of this process (``[rollout] colocate``), once started."""
         self._resumed_step = 0  # the checkpoint's step, for a resumed rank other than the leader
 
     @property
@@ -255,6 +257,18 @@ class TrainerProcess:
             hooks=self.hooks, reproducible=self.config.run.deterministic,
             checkpoint_every=self.config.trainer.checkpoint_every)
 
+    def _start_colocated_fleet(self) -> None:
+        """``[rollout] colocate``: the engine (on the trainer's own parameters) and the rollout manager on
+        a thread of this process (see :mod:`relayrl.cli.run.colocate`)."""
+        from relayrl.cli.run.colocate import ColocatedFleet, colocation_problem
+
+        problem = colocation_problem(self.config)
+        if problem:
+            raise SystemExit(f"trainer: {problem}")
+        self.colocated = ColocatedFleet(self.layout, self.config, self.trainer, pm=self.pm)
+        self.colocated.on_failure = self.stop.set  # the loop stops after its step; run() then exits non-zero
+        self.colocated.start()
+
     def _beat_until(self, started: threading.Event) -> None:
         while not started.wait(1.0):
             self.layout.beat("trainer")
@@ -287,13 +301,20 @@ class TrainerProcess:
             stop=self.stop, steps=total, checkpoint_every=self.config.trainer.checkpoint_every,
             publish_every_steps=self.config.weight_sync.publish_every_steps, step=self._resumed_step, hooks=self.hooks)
         self.ranked.start()  # publish the current weights; elastic: open the group
+        if self.config.rollout.colocate:
+            self._start_colocated_fleet()
         if leader:
             self.layout.write_status("trainer", {"phase": "training", "step": self.step, "steps": total})
         started.set()  # from here the loop itself gives the signs: a loop that hangs gives none
         try:
             self.ranked.run()
         finally:
+            if self.colocated is not None:
+                self.colocated.stop()
             self._close()
+        if self.colocated is not None and self.colocated.error is not None:
+            raise SystemExit(f"trainer: the colocated fleet failed ({type(self.colocated.error).__name__}: "
+                             f"{self.colocated.error}); stopped after a checkpoint, a restart resumes from it")
         if leader:
             finished = total and self.step >= total
             self.layout.write_status("trainer", {"phase": "finished" if finished else "stopped", "step": self.step,

@@ -258,6 +258,8 @@ class TorchEngine(InferenceEngine):
         """The type of the model's KV cache (known after its first forward), to build caches of."""
         self.engine_id = engine_id or f"torch-{next(self._ids)}"
         self._version = version
+        self._forward_version = version
+        """The version of the weights the worker's last forward ran on (the tokens sampled from it record it)."""
         self.max_batch = max_batch
         self.pad_token_id = pad_token_id
         self._generator = torch.Generator().manual_seed(seed)
@@ -364,6 +366,9 @@ class TorchEngine(InferenceEngine):
         """One model forward, between weight updates (recording its routing into ``capture``)."""
         self._resumed.wait()
         with self._step_lock:
+            # Read under the lock: the weights this forward runs on. An update may land before the
+            # tokens are sampled from its logits; they still record the version that computed them.
+            self._forward_version = self._version
             self.steps += 1
             if capture is None:
                 return self.model(*args, **kwargs)
@@ -583,7 +588,7 @@ class TorchEngine(InferenceEngine):
     def _sample(self, rows: list[_Row], logits: torch.Tensor) -> set[int]:
         """Sample each live row's next token from ``logits`` (one row each), hand the tokens over, and
         return the indices of the rows that are done (finished, or abandoned by their consumer)."""
-        version = self._version
+        version = self._forward_version
         done = {index for index, row in enumerate(rows) if row.pending.cancelled}
         # Rows with the same sampling parameters are sampled in one call, each with its own
         # generator: a seeded request's tokens never depend on what else is in the batch.
