@@ -16,6 +16,10 @@ sides), batches of 8 groups with reward variance.
 * ``relayrl, synchronous``: ``rollout.synchronous = true``: generation and training alternate, every
   group sampled by the trainer's current weights; compared by steps/s with the hand-written loop,
   which alternates too.
+* ``relayrl, colocated``: ``rollout.colocate = true``: one process, the engine on the trainer's own
+  parameters (each optimiser step is the update, no weight delta), the rollout manager on a thread;
+  the weights reach the bus every 100 steps only. ``relayrl, colocated synchronous``: the same,
+  alternating, with ``trainer.threads = 2`` (each phase has both cores, as in the hand-written loop).
 * ``hand-written``: what one writes for exactly this toy in one process: sample ``--sampler-batch``
   prompts x 8 at once with transformers' ``generate`` (the kept-set read from the top-p-warped
   scores), grade in-process with the reference scorer, keep the groups with reward variance, and
@@ -28,7 +32,9 @@ graded answer), the warm-up's time, and then the ratios relayrl / hand-written w
 ``--seeds``. The sides of a seed run back to back; each seed puts a different side first.
 ``--profile SECONDS`` instead samples every process of a running quickstart with py-spy.
 
-Usage: ``python benchmarks/overhead.py [--seeds 0,1,2] [--steps 400] [--target 0.10] [--quick]``.
+Usage: ``python benchmarks/overhead.py [--seeds 0,1,2] [--steps 400] [--target 0.10] [--quick]
+[--sides 'relayrl, colocated|relayrl, colocated synchronous' --name overhead-quickstart-colocated]``
+(``--sides``: a subset, the hand-written loop always runs too; ``--name``: its results file).
 """
 
 from __future__ import annotations
@@ -63,11 +69,16 @@ CONFIG = ROOT / "examples" / "quickstart.toml"
 
 # The sides compared, with the overrides of relayrl's runs: as shipped (the engine is a server process
 # that the rollout process streams from over HTTP), and with the engine inside the rollout process.
+# Colocated: the weights go to the bus every 100 steps (for relayrl eval), the engine follows every step.
+COLOCATED = ["--set", "rollout.colocate=true", "--set", "weight_sync.publish_every_steps=100"]
 SIDES: dict[str, list[str]] = {"relayrl": [], "relayrl, engine in process": ["--set", "rollout.engines_in_process=true"],
                                "relayrl, one call per sample": ["--set", "rollout.group_calls=false"],
                                "relayrl, synchronous": ["--set", "rollout.synchronous=true"],
+                               "relayrl, colocated": COLOCATED,
+                               "relayrl, colocated synchronous": [*COLOCATED, "--set", "rollout.synchronous=true",
+                                                                  "--set", "trainer.threads=2"],
                                "hand-written": []}
-SYNCHRONOUS_SIDES = ("relayrl, synchronous",)
+SYNCHRONOUS_SIDES = ("relayrl, synchronous", "relayrl, colocated synchronous")
 """Sides that alternate generation and training as the hand-written loop does: their steps/s compare too."""
 
 
@@ -348,6 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sampler-batch", type=int, default=32,
                         help="prompts per generate call (x 8 samples: the engine's max_batch of 256)")
     parser.add_argument("--quick", action="store_true", help="3 steps each, one seed, no results file")
+    parser.add_argument("--sides", default="", metavar="SIDE|SIDE...",
+                        help=f"only these sides (separated by |) and the hand-written loop; of: {' | '.join(SIDES)}")
+    parser.add_argument("--name", default="overhead-quickstart", help="the results file's name")
     parser.add_argument("--profile", type=int, default=0, metavar="SECONDS",
                         help="instead: py-spy every process of a quickstart run for SECONDS and print where CPU goes")
     args = parser.parse_args(argv)
@@ -367,6 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     quick_overrides = ["trainer.warmup.steps=3", "rollout.environment_options.tasks=500"] if args.quick else []
     # Quick mode's relayrl run already hosts its engine in process (async_vs_sync.QUICK): one relayrl side.
     sides = ["relayrl", "hand-written"] if args.quick else list(SIDES)
+    if args.sides:
+        chosen = [side.strip() for side in args.sides.split("|")]
+        unknown = [side for side in chosen if side not in SIDES]
+        if unknown:
+            parser.error(f"--sides: unknown {unknown}; sides are {list(SIDES)}")
+        sides = [*dict.fromkeys([*chosen, "hand-written"])]
     rows, per_seed = [], []
     for seed in seeds:
         results: dict[str, dict[str, Any]] = {}
@@ -416,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
     markdown = "\n".join(lines)
     print(markdown)
     if not args.quick:
-        path = write_results("overhead-quickstart", command=command_line(argv), markdown=markdown,
+        path = write_results(args.name, command=command_line(argv), markdown=markdown,
                              data={"seeds": per_seed, "target": args.target, "window": args.window,
                                    "sampler_batch": args.sampler_batch}, revision=revision)
         print(f"wrote {path}")
