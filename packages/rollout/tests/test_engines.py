@@ -225,6 +225,36 @@ def test_a_trajectorys_next_turn_prefills_only_its_new_tokens():
     assert whole.reused_tokens == 0 and whole.prefill_tokens == 5 + 16 + 26
 
 
+def test_trajectories_of_different_lengths_that_finish_together_each_keep_their_own_prefix():
+    """Rows of different widths (and, from the second turn on, with a gap between their kept and new
+    columns) finish in the same decode step and are kept together: each next turn samples as from its
+    whole context."""
+    starts = [[1, 4], [1, 4, 6, 2, 9, 11, 3], [5, 7, 7, 8], [2, 3, 4, 5, 6, 7, 8, 9, 10, 11]]
+
+    async def trajectory(engine: TorchEngine, index: int) -> list:
+        context, spans = starts[index], []
+        for turn in range(3):
+            span = await engine.generate(GenerateRequest(request_id=f"t{index}-{turn}", prompt=context,
+                                                         params=SamplingParams(max_tokens=6, seed=10 * index + turn)))
+            spans.append(span)
+            context = context + list(span.token_ids()) + [40 + index] * (index + 1)  # tool results of their own lengths
+        return spans
+
+    async def all_of(engine: TorchEngine) -> list:
+        try:
+            return await asyncio.gather(*(trajectory(engine, index) for index in range(len(starts))))
+        finally:
+            await engine.close()
+
+    reusing, whole = TorchEngine(tiny_llama(seed=0)), TorchEngine(tiny_llama(seed=0), prefix_cache_mib=0)
+    with_reuse, without = asyncio.run(all_of(reusing)), asyncio.run(all_of(whole))
+    for index, (first, second) in enumerate(zip(with_reuse, without)):
+        for turn, (a, b) in enumerate(zip(first, second)):
+            assert list(a.token_ids()) == list(b.token_ids()), (index, turn)
+            assert list(a.token_logprobs()) == pytest.approx(list(b.token_logprobs()), abs=1e-5), (index, turn)
+    assert reusing.reused_tokens >= sum(len(start) + 5 for start in starts)  # every second turn reused its first
+
+
 def test_kept_prefixes_stay_within_their_budget_and_a_dropped_one_is_prefilled_whole():
     async def turns(engine: TorchEngine) -> None:
         try:

@@ -249,6 +249,8 @@ class TorchEngine(InferenceEngine):
         """Budget of the kept prefixes (0: keep none)."""
         self._prefixes: collections.OrderedDict[tuple[int, ...], _Prefix] = collections.OrderedDict()
         self._prefix_bytes = 0
+        self._prefix_lengths: collections.Counter[int] = collections.Counter()
+        """How many kept prefixes have each length (a lookup tries each length once)."""
         self.prefill_tokens = 0
         """Prompt tokens run through the model in prefills (a shared or reused prefix counts once)."""
         self.reused_tokens = 0
@@ -466,22 +468,23 @@ class TorchEngine(InferenceEngine):
 
     def _kept_prefix(self, pending: _Pending) -> tuple[int, _Prefix | None]:
         """The longest kept prefix ``pending``'s prompt extends by at least one token, as ``(length, entry)``
-        (``(0, None)``: none). Entries from before a cache reset are dropped on the way."""
+        (``(0, None)``: none). One dictionary lookup per length of kept prefix shorter than the prompt
+        (not a scan of every entry); a hit kept before a cache reset is dropped and the next shorter one tried."""
         prompt = pending.request.prompt
-        if not self._prefixes:
-            return 0, None
-        best: tuple[int, _Prefix | None] = (0, None)
-        best_key: tuple[int, ...] | None = None
-        for key, entry in list(self._prefixes.items()):
+        routing_from = pending.request.params.routing_from
+        for length in sorted((length for length in self._prefix_lengths if length < len(prompt)), reverse=True):
+            key = tuple(prompt[:length])
+            entry = self._prefixes.get(key)
+            if entry is None:
+                continue
             if entry.generation != self.cache_generation:
                 self._forget(key)
-            elif best[0] < len(key) < len(prompt) and tuple(prompt[:len(key)]) == key:
-                best, best_key = (len(key), entry), key
-        routing_from = pending.request.params.routing_from
-        if best_key is None or (self._routers and routing_from is not None and routing_from < best[0]):
-            return 0, None  # the routing of a kept prefix's positions is not kept: prefill whole
-        self._forget(best_key)  # its trajectory moved on; the longer sequence is kept when it finishes
-        return best
+                continue
+            if self._routers and routing_from is not None and routing_from < length:
+                return 0, None  # the routing of a kept prefix's positions is not kept: prefill whole
+            self._forget(key)  # its trajectory moved on; the longer sequence is kept when it finishes
+            return length, entry
+        return 0, None
 
     def _prefix_cache(self, entries: list[_Prefix | None], width: int) -> Any:
         """A cache of the kept ``entries`` (one row each; None: no prefix), left-padded to ``width``."""
@@ -500,21 +503,38 @@ class TorchEngine(InferenceEngine):
     def _keep_prefixes(self, rows: list[_Row], cache: Any, attention: torch.Tensor, indices: list[int]) -> None:
         """Keep the KV of each finished row (at ``indices`` of ``cache``/``attention``) for a later request
         that extends it: the tokens the row fed, its prompt and all it generated but the last. When the
-        budget is full the least recently kept entries go first."""
+        budget is full the least recently kept entries go first.
+
+        The rows' columns (their unmasked ones, not always contiguous) are gathered for all rows at once,
+        one gather per layer, right-aligned to the longest; each entry then owns a copy of its own row."""
         if not self.prefix_cache_bytes:
             return
-        layers = _cache_tensors(cache)
-        for row, index in zip(rows, indices):
-            if row.pending.cancelled or not row.generated or row.generation != self.cache_generation:
-                continue  # abandoned, nothing generated, or computed (partly) under weights since replaced
-            columns = attention[index].nonzero().squeeze(1)
+        chosen = [(row, index) for row, index in zip(rows, indices)
+                  # not abandoned, something generated, not computed (partly) under weights since replaced
+                  if not row.pending.cancelled and row.generated and row.generation == self.cache_generation]
+        if not chosen:
+            return
+        selected = torch.tensor([index for _, index in chosen], device=attention.device)
+        masks = attention.index_select(0, selected).bool()
+        lengths = masks.sum(dim=1).tolist()
+        longest = max(lengths)
+        # Column j of a row's gathered prefix is its j-th unmasked column, right-aligned to ``longest``: a
+        # stable sort puts each row's unmasked columns last, in order.
+        order = torch.sort(masks.to(torch.int8), dim=1, stable=True).indices[:, -longest:]
+        layers = []
+        for keys, values in _cache_tensors(cache):
+            heads, dim = keys.shape[1], keys.shape[3]
+            index = order[:, None, :, None].expand(-1, heads, -1, dim)
+            layers.append((keys.index_select(0, selected).gather(2, index),
+                           values.index_select(0, selected).gather(2, index)))
+        for position, ((row, _), length) in enumerate(zip(chosen, lengths, strict=True)):
             key = tuple(row.pending.request.prompt) + tuple(row.generated[:-1])
-            if len(columns) != len(key):  # a row's fed tokens are its unmasked columns: a bug here, never reuse it
+            if length != len(key):  # a row's fed tokens are its unmasked columns: a bug here, never reuse it
                 print(f"engine {self.engine_id}: not keeping the prefix of {row.pending.request.request_id}: "
-                      f"{len(columns)} cache columns for {len(key)} tokens", file=sys.stderr, flush=True)
+                      f"{length} cache columns for {len(key)} tokens", file=sys.stderr, flush=True)
                 continue
-            # Indexing by a tensor of columns copies: the entry owns its memory, not a view of the batch's.
-            tensors = [(keys[index:index + 1, :, columns], values[index:index + 1, :, columns]) for keys, values in layers]
+            tensors = [(keys[position:position + 1, :, longest - length:].clone(),
+                        values[position:position + 1, :, longest - length:].clone()) for keys, values in layers]
             nbytes = sum(keys.nbytes + values.nbytes for keys, values in tensors)
             if nbytes > self.prefix_cache_bytes:
                 continue
@@ -524,12 +544,16 @@ class TorchEngine(InferenceEngine):
             # The row's generation, not the current one: a reset may have landed while it ran or since
             # its last step (this runs outside the step lock).
             self._prefixes[key] = _Prefix(tensors, row.generation, nbytes)
+            self._prefix_lengths[len(key)] += 1
             self._prefix_bytes += nbytes
 
     def _forget(self, key: tuple[int, ...]) -> None:
         entry = self._prefixes.pop(key, None)
         if entry is not None:
             self._prefix_bytes -= entry.nbytes
+            self._prefix_lengths[len(key)] -= 1
+            if not self._prefix_lengths[len(key)]:
+                del self._prefix_lengths[len(key)]
 
     @staticmethod
     def _merge(batch: _Batch, rows: list[_Row], cache: Any, attention: torch.Tensor) -> None:
