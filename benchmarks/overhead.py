@@ -19,7 +19,9 @@ sides), batches of 8 groups with reward variance.
 * ``relayrl, colocated``: ``rollout.colocate = true``: one process, the engine on the trainer's own
   parameters (each optimiser step is the update, no weight delta), the rollout manager on a thread;
   the weights reach the bus every 100 steps only. ``relayrl, colocated synchronous``: the same,
-  alternating, with ``trainer.threads = 2`` (each phase has both cores, as in the hand-written loop).
+  alternating, with ``trainer.threads = 2`` (each phase has both cores, as in the hand-written loop);
+  ``..., checkpoint every 20``: and ``trainer.checkpoint_every = 20`` (a crash redoes up to 19 steps
+  from the buffer's record; the hand-written loop keeps no checkpoint at all).
 * ``hand-written``: what one writes for exactly this toy in one process: sample ``--sampler-batch``
   prompts x 8 at once with transformers' ``generate`` (the kept-set read from the top-p-warped
   scores), grade in-process with the reference scorer, keep the groups with reward variance, and
@@ -77,8 +79,12 @@ SIDES: dict[str, list[str]] = {"relayrl": [], "relayrl, engine in process": ["--
                                "relayrl, colocated": COLOCATED,
                                "relayrl, colocated synchronous": [*COLOCATED, "--set", "rollout.synchronous=true",
                                                                   "--set", "trainer.threads=2"],
+                               "relayrl, colocated synchronous, checkpoint every 20": [
+                                   *COLOCATED, "--set", "rollout.synchronous=true", "--set", "trainer.threads=2",
+                                   "--set", "trainer.checkpoint_every=20"],
                                "hand-written": []}
-SYNCHRONOUS_SIDES = ("relayrl, synchronous", "relayrl, colocated synchronous")
+SYNCHRONOUS_SIDES = ("relayrl, synchronous", "relayrl, colocated synchronous",
+                     "relayrl, colocated synchronous, checkpoint every 20")
 """Sides that alternate generation and training as the hand-written loop does: their steps/s compare too."""
 
 
