@@ -110,15 +110,16 @@ def test_the_loop_trains_what_the_fleet_committed_publishes_and_resumes_exactly_
     assert read_progress(bus).consumed == {"fleet-0": 6}
 
 
-@pytest.mark.parametrize("every", [1, 2])
-def test_weights_are_published_every_k_steps(tmp_path, every):
+@pytest.mark.parametrize(("every", "published"), [(1, [1, 2, 3, 4]), (2, [1, 3, 4]), (5, [1, 4])])
+def test_weights_are_published_every_k_steps_and_after_the_last(tmp_path, every, published):
     model = tiny_llama(seed=1)
-    loop, bus = make_loop(tmp_path, copy.deepcopy(model), steps=2, hooks=None)
+    loop, bus = make_loop(tmp_path, copy.deepcopy(model), steps=3, hooks=None)
     loop.publish_every_steps = every
-    commit(bus, model, 4)
+    commit(bus, model, 6)
     loop.run()
     close(loop)
-    assert WeightBus(bus).committed_versions() == ([1, 2, 3] if every == 1 else [1, 3])
+    # Version 1 at the start, then the versions after steps 1-3 that are due; the last step's always.
+    assert WeightBus(bus).committed_versions() == published
 
 
 def test_checkpoint_every_k_steps_saves_the_due_steps_and_a_stopped_loops_last_one(tmp_path):

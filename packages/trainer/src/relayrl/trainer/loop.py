@@ -15,7 +15,7 @@ Each step:
    buffer's staleness admission compares it with every token's version); while none is ready,
    settle groups that can never be trained (too stale), so the fleet is not held back by them;
 2. one optimiser step (the backend: replay over kept-sets, advantages, correction, loss);
-3. publish the weights every ``publish_every_steps`` steps, numbered by the backend's version, so
+3. publish the weights every ``publish_every_steps`` steps (and after the last), numbered by the backend's version, so
    token versions and trainer versions share one scale;
 4. health monitors over the step's metrics and texts (alarms reach ``hooks.on_alarm``);
 5. ``hooks.on_resolved`` learns which groups the step trained and dropped (``relayrl run`` writes its
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from relayrl.trainer.hookspecs import TrainerBackend
 
 __all__ = ["BatchSource", "Checkpointer", "LoopHooks", "MetricsSink", "StepResult", "TrainingLoop", "WeightPublisher",
-           "checkpoint_due"]
+           "checkpoint_due", "publish_due"]
 
 log = logging.getLogger(__name__)
 
@@ -135,6 +135,12 @@ class LoopHooks:
     def on_renumbered(self, version: int, published_as: int) -> None:
         """The weights of ``version`` went out as ``published_as``: the bus held other bits under that
         number (a resume that did not reproduce the crashed run's step, or a non-deterministic run)."""
+
+
+def publish_due(step: int, every: int, steps: int) -> bool:
+    """Whether the weights are published after ``step``: every ``every``-th step, and the last of ``steps``
+    (0: no last step), so that a finished run's final weights are on the bus (``relayrl eval RUN_DIR``)."""
+    return step % every == 0 or (bool(steps) and step >= steps)
 
 
 def checkpoint_due(step: int, every: int, steps: int) -> bool:
@@ -261,8 +267,8 @@ class TrainingLoop:
         return float(self.checkpointer.save(state["step"], {**state, "trainer": self.backend.state_dict()}).blocking_s)
 
     def publishes_after(self, step: int) -> bool:
-        """Whether the weights are published after ``step``."""
-        return step % self.publish_every_steps == 0
+        """Whether the weights are published after ``step`` (see :func:`publish_due`)."""
+        return publish_due(step, self.publish_every_steps, self.steps)
 
     # ------------------------------------------------------------------ steps
     def train_step(self, batch: Any) -> StepResult:

@@ -29,7 +29,7 @@ from typing import Any
 
 from relayrl.algo.determinism import rng_state
 from relayrl.trainer.elastic import LeaderGone, View, describe_failure
-from relayrl.trainer.loop import REPUBLISH_CHECK_S, Checkpointer, TrainingLoop, checkpoint_due
+from relayrl.trainer.loop import REPUBLISH_CHECK_S, Checkpointer, TrainingLoop, checkpoint_due, publish_due
 from relayrl.trainer.ranks import Decision
 
 __all__ = ["MAX_REDO", "RankHooks", "RankedLoop"]
@@ -174,7 +174,7 @@ class RankedLoop:
             metrics = self._step_elastically(decision)
         else:
             metrics = self.backend.step(decision.groups, weights=decision.weights)
-        publish = (self.step + 1) % self.publish_every_steps == 0
+        publish = publish_due(self.step + 1, self.publish_every_steps, self.steps)
         weights = self.gather_weights() if publish else None
         if self.loop is None:  # a rank other than the leader: its shard of the checkpoint, at the leader's cadence
             self.step += 1

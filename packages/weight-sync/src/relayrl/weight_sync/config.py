@@ -13,7 +13,7 @@ class WeightSyncSection(Section):
     prefix: str = "weights"
     """Key prefix of weight versions inside the run's store (manifests, objects, ``latest``)."""
     publish_every_steps: int = 1
-    """K: publish a version every K optimiser steps."""
+    """K: publish a version every K optimiser steps (and after the run's last step, so its final weights are on the bus)."""
     snapshot_every_versions: int = 50
     """N: every N-th version is a full snapshot, the others are deltas against the previous version."""
     delta_codec: str = "xor-sparse-zstd"
