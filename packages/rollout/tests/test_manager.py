@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 
 import pytest
 
@@ -208,10 +209,12 @@ def test_synchronous_mode_generates_one_batch_with_the_trainers_weights_then_wai
         await runner
 
     asyncio.run(scenario())
-    # Exactly one batch (the zero-variance group replaced), committed whole; no group while the engine
-    # serves older weights than the trainer's; then exactly the next batch (started over-provisioned for
-    # the zero-variance share seen so far: a surplus group is dropped, never committed).
-    assert seen[:2] == [(3, 4, 3), (3, 4)] and seen[2][0] == 6   # and stop() ended it cleanly
+    # Exactly one batch (the zero-variance group replaced, by more than one group: over-provisioned for
+    # the share seen so far; the surplus is dropped, never committed), committed whole; no group while
+    # the engine serves older weights than the trainer's; then exactly the next batch.
+    (committed, graded, buffered), waiting = seen[:2]
+    assert (committed, buffered) == (3, 3) and graded >= 4 and waiting == (3, graded)
+    assert seen[2][0] == 6   # and stop() ended it cleanly
     segments = [codec.decode_compressed(store.get(key), wire.RolloutSegment, what=key) for key in store.list("rollouts/")]
     versions = [group.trajectories[0].policy_version_range() for segment in segments for group in segment.groups]
     assert versions == [(1, 1)] * 3 + [(2, 2)] * 3  # every group sampled by the trainer's current weights
@@ -259,6 +262,23 @@ def test_synchronous_mode_puts_the_whole_batch_in_flight_for_the_share_it_will_c
     asyncio.run(scenario())
     assert manager.committed_groups == 16 and Buffer(store).poll() is not None
     assert grader.most_running >= 7, f"only {grader.most_running} groups graded at once for a batch of 4 at half ties"
+
+
+def test_the_synchronous_mode_starts_enough_groups_to_fill_its_batch_in_one_round_nine_times_in_ten():
+    from relayrl.rollout.manager import fewest_for_one_round
+
+    # P(Binomial(12, 1/2) >= 4) = 0.927, P(Binomial(11, 1/2) >= 4) = 0.887.
+    assert fewest_for_one_round(4, 0.5, 16) == 12
+    assert fewest_for_one_round(8, 1.0, 32) == 8  # every group commits: no more than the batch
+    assert fewest_for_one_round(8, 0.3, 32) == 32 and fewest_for_one_round(8, 0.3, 64) == 37  # capped by the fleet
+    assert fewest_for_one_round(0, 0.5, 16) == 0
+    simulated = random.Random(0)
+    for room, share in ((8, 0.3), (16, 0.7), (3, 0.05)):
+        count = fewest_for_one_round(room, share, 4096)
+        filled = sum(sum(simulated.random() < share for _ in range(count)) >= room for _ in range(2000))
+        assert filled / 2000 + 0.02 >= 0.9, (room, share, count)
+        fewer = sum(sum(simulated.random() < share for _ in range(count - 1)) >= room for _ in range(2000))
+        assert fewer / 2000 < 0.9 + 0.02, (room, share, count)  # the fewest: one less is not enough
 
 
 def test_synchronous_mode_stops_cleanly_with_a_batch_in_flight(tmp_path):

@@ -17,8 +17,9 @@ holds, then waits until the trainer has trained on it and every engine serves th
 published, and only then starts the next batch: generation and training alternate, every group is
 sampled by the trainer's current policy (staleness 0). It is the baseline a careful engineer would
 write with these parts, not a handicapped one: the whole batch is in flight at once, over-provisioned
-for the groups that will not be committed (zero-variance ones, at the share seen so far in the run),
-up to ``max_concurrent_groups``, so a batch is usually one round of generation, not several. Once the
+for the groups that will not be committed (zero-variance ones, at the share seen so far in the run):
+enough that the batch fills in one round nine times in ten (:func:`groups_for_one_round`), up to
+``max_concurrent_groups``, so a batch is one round of generation, not several. Once the
 batch is full, no more groups are committed: the ones still running are cancelled and the ones that
 finish later are dropped (``fleet/sync_surplus_groups``), since they would be trained a version
 late. ``relayrl run`` polls every hand-over (the batch to the trainer, its weights to the engines,
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import signal
 import sys
@@ -65,6 +67,38 @@ from relayrl.rollout.routing import TokenRecordingProxy
 __all__ = ["RolloutManager", "ToolsFactory"]
 
 ToolsFactory = Callable[[TaskSpec], contextlib.AbstractAsyncContextManager[ToolExecutor | None]]
+
+
+ONE_ROUND_CONFIDENCE = 0.9
+"""The synchronous mode starts enough groups to fill its batch in one round with this probability."""
+
+
+def groups_for_one_round(room: int, share: float, most: int) -> int:
+    """:func:`fewest_for_one_round` at ``share`` rounded to a hundredth (each distinct question computed once)."""
+    return fewest_for_one_round(room, round(share, 2), most)
+
+
+@functools.lru_cache(maxsize=4096)
+def fewest_for_one_round(room: int, share: float, most: int) -> int:
+    """The fewest groups to start (at most ``most``) so that at least ``room`` of them are committed with
+    probability ``ONE_ROUND_CONFIDENCE``, each committed independently with probability ``share``
+    (a binomial tail); ``most`` when no number up to it is enough, 0 when ``room`` is."""
+    if room <= 0:
+        return 0
+    if share >= 1.0:
+        return min(room, most)
+    share = max(share, 1e-6)
+    log_share, log_rest = math.log(share), math.log1p(-share)
+
+    def fewer_than_room(count: int) -> float:  # P(Binomial(count, share) < room), in logs: no underflow
+        return sum(math.exp(math.lgamma(count + 1) - math.lgamma(k + 1) - math.lgamma(count - k + 1)
+                            + k * log_share + (count - k) * log_rest) for k in range(room))
+
+    # Below room / share the expected number committed is under room: the probability is under a half.
+    for count in range(max(room, int(room / share)), most + 1):
+        if 1.0 - fewer_than_room(count) >= ONE_ROUND_CONFIDENCE:
+            return count
+    return most
 
 
 class RolloutManager:
@@ -278,9 +312,10 @@ class RolloutManager:
                 full_at = self.committed_groups + missing
                 while not self._stopping.is_set() and self.committed_groups < full_at:
                     # Enough in flight to fill the batch in one round at the share of groups committed so
-                    # far (zero-variance ones are not), within the fleet's concurrency. Room 0 with the
-                    # batch not full: the last groups are being committed.
-                    wanted = min(self.max_concurrent_groups, math.ceil(self._batch_room / self._commit_share()))
+                    # far (zero-variance ones are not), within the fleet's concurrency: a second round for
+                    # the last group or two costs a whole generation's latency. Room 0 with the batch not
+                    # full: the last groups are being committed.
+                    wanted = groups_for_one_round(self._batch_room, self._commit_share(), self.max_concurrent_groups)
                     while len(in_flight) < wanted and (max_groups is None or started < max_groups):
                         in_flight.add(asyncio.create_task(self.run_group(self.scheduler.next().task)))
                         started += 1
