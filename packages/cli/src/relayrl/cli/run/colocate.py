@@ -32,7 +32,7 @@ import contextlib
 import copy
 import threading
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -65,8 +65,7 @@ def shared_view(model: torch.nn.Module) -> torch.nn.Module:
     in-place optimiser update shows in both), its own modules (so ``eval()`` on it, or a hook registered
     on it, leaves ``model`` alone)."""
     tensors = {id(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}
-    view = copy.deepcopy(model, memo=dict(tensors))
-    return view
+    return copy.deepcopy(model, memo=dict(tensors))
 
 
 class ColocatedFleet:
@@ -88,7 +87,7 @@ class ColocatedFleet:
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
         """What ended the fleet thread, when it failed."""
-        self.on_failure: Any = lambda: None
+        self.on_failure: Callable[[], None] = lambda: None
         """Called from the fleet thread when it fails (the trainer process stops its loop)."""
         self._thread = threading.Thread(target=self._run, name="colocated-fleet", daemon=True)
 
