@@ -21,6 +21,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -102,7 +103,8 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     (``argv``: the arguments its ``main`` parsed; default: the process's own)."""
     script = Path(sys.argv[0]).resolve()
     shown = script.relative_to(ROOT) if script.is_relative_to(ROOT) else script
-    return " ".join(["python", str(shown), *(sys.argv[1:] if argv is None else argv)])
+    # Quoted as a shell would need it (an argument with spaces or a "|", such as overhead.py's --sides).
+    return shlex.join(["python", str(shown), *(sys.argv[1:] if argv is None else argv)])
 
 
 def render_block(name: str, folder: Path = RESULTS) -> str:
