@@ -123,10 +123,6 @@ class ColocatedFleet:
                 self.error = RuntimeError("the colocated rollout manager stopped on its own")
                 self.on_failure()
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
     def stop(self, timeout_s: float = 60.0) -> None:
         """Stop the fleet (complete groups committed, in-flight ones dropped) and wait for its thread."""
         self.stop_event.set()
